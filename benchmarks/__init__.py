@@ -1,0 +1,1 @@
+"""``genfleet bench``: the engine against Hugging Face transformers on the same workload."""

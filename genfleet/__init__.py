@@ -1,0 +1,1 @@
+"""The ``genfleet`` command line; each subcommand imports only what it needs."""

