@@ -98,7 +98,9 @@ class LLMEngine:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model folder has none")
-        longest = min(len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
+        longest = min(
+            len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len
+        )
         needed = self.block_manager.blocks_needed(longest)
         if needed > self.block_manager.num_blocks:
             raise ValueError(

@@ -24,9 +24,7 @@ def _column(seqs: list[Sequence], attr: str, device: torch.device) -> torch.Tens
     return torch.tensor([getattr(s.params, attr) for s in seqs], device=device)
 
 
-def _token_counts(
-    rows: list[list[int]], vocab_size: int, device: torch.device
-) -> torch.Tensor:
+def _token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """[len(rows), vocab] how often each token occurs in each row."""
     counts = torch.zeros(len(rows), vocab_size, device=device)
     width = max((len(r) for r in rows), default=0)

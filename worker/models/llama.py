@@ -11,6 +11,7 @@ from transformers import PretrainedConfig
 
 from kernels import paged_attention, rms_norm, rotary_embedding, silu_and_mul, write_kv_cache
 from worker.models.attention_metadata import AttentionMetadata
+from worker.models.linear import Linear, onednn_available, pack_weight, packed_linear
 from worker.models.rotary import cos_sin_cache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -44,8 +45,8 @@ class Attention(nn.Module):
         qkv_bias = attention_bias or config.model_type == "qwen2"
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, attention_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, attention_bias)
         # Views into the runner's cache tensors, set once the cache is allocated.
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
@@ -80,8 +81,8 @@ class MLP(nn.Module):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * size, bias)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * size, bias)
+        self.down_proj = Linear(size, config.hidden_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -147,8 +148,17 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.model = LlamaModel(config)
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_cache = torch.empty(0)
+        self.packed_output_weight: torch.Tensor | None = None
+
+    def pack_weights(self) -> None:
+        """Re-lay out every projection for the CPU matmul library (no-op elsewhere)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        if onednn_available(self.output_weight.device):
+            self.packed_output_weight = pack_weight(self.output_weight)
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin table; separate from __init__ since models are built on meta."""
@@ -167,4 +177,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given hidden states (only the positions that sample)."""
+        if self.packed_output_weight is not None:
+            return packed_linear(hidden, self.packed_output_weight, None).float()
         return torch.nn.functional.linear(hidden, self.output_weight).float()

@@ -91,4 +91,5 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint in {str(folder)!r} lacks weights: {missing[:5]}")
     model.init_rope_cache(max_positions, device)
+    model.pack_weights()
     return model.eval()

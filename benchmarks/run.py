@@ -1,0 +1,122 @@
+"""``genfleet bench``: one seeded workload, the engine and the HF baselines, one table."""
+
+import argparse
+import statistics
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.engine_driver import run_engine
+from benchmarks.hf_baseline import load_hf_model, run_hf
+from benchmarks.metrics import RunSummary
+from benchmarks.workloads import OUTPUT_TOKENS, make_workload
+from worker import EngineConfig, LLMEngine, SamplingParams
+from worker.config import DTYPES
+from worker.engine import load_tokenizer
+from worker.model_fetch import resolve_model
+
+BASELINE_BATCH = {"single": 1, "static8": 8, "static20": 20}
+# Poisson arrivals at this fraction of the engine's burst throughput: near capacity.
+CAPACITY_FRACTION = 0.9
+
+
+def _split(value: str, known: object) -> list[str]:
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    unknown = [item for item in items if item not in known]  # type: ignore[operator]
+    if unknown:
+        raise ValueError(f"unknown choice(s) {unknown}; known: {sorted(known)}")  # type: ignore[arg-type]
+    return items
+
+
+def _table(title: str, rows: list[RunSummary]) -> Table:
+    table = Table(title=title)
+    for column in (
+        "system", "out tok/s", "mean lat s", "p50 s", "p99 s", "TTFT s", "TPOT ms", "KV used/alloc",
+    ):  # fmt: skip
+        table.add_column(column, justify="left" if column == "system" else "right")
+    for r in rows:
+        table.add_row(
+            r.system,
+            f"{r.output_tokens_per_s:.1f}",
+            f"{r.mean_latency:.2f}",
+            f"{r.p50_latency:.2f}",
+            f"{r.p99_latency:.2f}",
+            f"{r.mean_ttft:.2f}",
+            f"{r.mean_tpot * 1000:.1f}",
+            f"{r.kv_slots_used}/{r.kv_slots_allocated} "
+            f"({100 * r.kv_slots_used / max(1, r.kv_slots_allocated):.0f}%)",
+        )
+    return table
+
+
+def _verdict(rows: list[RunSummary]) -> str:
+    engines = [r for r in rows if r.system.startswith("genfleet")]
+    baselines = [r for r in rows if not r.system.startswith("genfleet")]
+    if not engines or not baselines:
+        return ""
+    engine = max(engines, key=lambda r: r.output_tokens_per_s)
+    best = max(baselines, key=lambda r: r.output_tokens_per_s)
+    speedup = engine.output_tokens_per_s / best.output_tokens_per_s
+    latency_cut = 1 - engine.mean_latency / best.mean_latency
+    return (
+        f"{engine.system} vs best HF baseline {best.system}: "
+        f"throughput x{speedup:.2f}, mean latency {100 * latency_cut:+.0f}% lower"
+    )
+
+
+def _warm(engine: LLMEngine) -> None:
+    engine.add_request("warmup", [1] * 64, SamplingParams(max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    workloads = _split(args.workloads, {"burst", "poisson"})
+    baselines = _split(args.baselines, BASELINE_BATCH)
+    dtypes = _split(args.dtypes, DTYPES)
+    folder = resolve_model(args.model)
+    tokenizer = load_tokenizer(folder)
+    if tokenizer is None:
+        raise ValueError("the benchmark needs a model folder with a tokenizer")
+    console = Console()
+    engines = {}
+    for dtype in dtypes:
+        config = EngineConfig(
+            model=str(folder),
+            dtype=dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            seed=args.seed,
+        )
+        engines[dtype] = LLMEngine(config)
+        _warm(engines[dtype])
+    hf_models = {dtype: load_hf_model(folder, DTYPES[dtype]) for dtype in dtypes if baselines}
+
+    rate = args.rate
+    for workload in workloads:
+        if workload == "poisson" and rate is None:
+            raise ValueError(
+                "poisson needs --rate, or the burst workload first to measure capacity"
+            )
+        requests = make_workload(workload, tokenizer, args.seed, rate)
+        rows = []
+        for dtype, engine in engines.items():
+            console.print(f"[dim]{workload}: genfleet {dtype}[/dim]")
+            rows.append(run_engine(engine, requests, f"genfleet {dtype}"))
+        for baseline in baselines:
+            for dtype, model in hf_models.items():
+                console.print(f"[dim]{workload}: HF {baseline} {dtype}[/dim]")
+                with torch.inference_mode():
+                    rows.append(
+                        run_hf(model, requests, BASELINE_BATCH[baseline], f"HF {baseline} {dtype}")
+                    )
+        title = f"{workload}: {len(requests)} requests"
+        if workload == "poisson":
+            title += f" at {rate:.2f} req/s"
+        console.print(_table(title, rows))
+        console.print(_verdict(rows))
+        if workload == "burst" and rate is None:
+            best = max(r.output_tokens_per_s for r in rows if r.system.startswith("genfleet"))
+            rate = CAPACITY_FRACTION * best / statistics.fmean(OUTPUT_TOKENS)
+    return 0

@@ -1,0 +1,78 @@
+"""Models for tests: tiny random Llama-family models built here, and the converted SmolLM2."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from worker.model_fetch import DEFAULT_MODEL, fetch_model
+
+TINY_VOCAB = 384
+
+
+def _tiny_config(kind: str) -> LlamaConfig | Qwen2Config:
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        # Larger weights than the default init give peaked logits, so greedy
+        # argmax is not decided by rounding noise.
+        initializer_range=0.15,
+        # No end-of-sequence token: both engines run to max_tokens.
+        bos_token_id=1,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    if kind == "llama-untied":
+        return LlamaConfig(**common, tie_word_embeddings=False)
+    if kind == "llama-tied":
+        # Multi-query attention: one KV head for four query heads.
+        return LlamaConfig(**{**common, "num_key_value_heads": 1}, tie_word_embeddings=True)
+    if kind == "qwen2-bias":
+        return Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False)
+    raise ValueError(kind)
+
+
+TINY_KINDS = ("llama-untied", "llama-tied", "qwen2-bias")
+
+
+def build_tiny_model(kind: str, folder: Path) -> torch.nn.Module:
+    torch.manual_seed(1234)
+    config = _tiny_config(kind)
+    model_class = Qwen2ForCausalLM if kind.startswith("qwen2") else LlamaForCausalLM
+    model = model_class(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, torch.nn.Module]]:
+    """kind -> (folder with safetensors + config, the transformers model it holds)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {kind: (root / kind, build_tiny_model(kind, root / kind)) for kind in TINY_KINDS}
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return fetch_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy generate, one prompt at a time (no padding)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()

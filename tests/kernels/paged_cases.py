@@ -1,0 +1,81 @@
+"""Random paged-attention inputs and a dense loop-over-sequences answer for them."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PagedCase:
+    query: torch.Tensor  # [num_tokens, heads, head]
+    key_cache: torch.Tensor  # [blocks, block_size, kv_heads, head]
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor  # [seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [seqs]
+    query_start_loc: torch.Tensor  # [seqs + 1]
+    keys: list[torch.Tensor]  # per sequence, dense [ctx, kv_heads, head]
+    values: list[torch.Tensor]
+    scale: float
+
+
+def make_case(
+    shapes: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> PagedCase:
+    """shapes: (new tokens, total context) per sequence; blocks are scattered at random."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-ctx // block_size) for _, ctx in shapes]
+    num_blocks = sum(blocks_per_seq) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = torch.randn(cache_shape, generator=gen).to(dtype)
+    value_cache = torch.randn(cache_shape, generator=gen).to(dtype)
+    width = max(blocks_per_seq)
+    tables, keys, values = [], [], []
+    for n in blocks_per_seq:
+        ids, order = order[:n], order[n:]
+        tables.append(ids + [0] * (width - n))
+    for (_, ctx), ids in zip(shapes, tables, strict=True):
+        keys.append(key_cache[ids].flatten(0, 1)[:ctx])
+        values.append(value_cache[ids].flatten(0, 1)[:ctx])
+    q_lens = torch.tensor([q for q, _ in shapes])
+    query_start_loc = torch.zeros(len(shapes) + 1, dtype=torch.int64)
+    torch.cumsum(q_lens, 0, out=query_start_loc[1:])
+    query = torch.randn(int(q_lens.sum()), num_heads, head_size, generator=gen).to(dtype)
+    return PagedCase(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        seq_lens=torch.tensor([ctx for _, ctx in shapes], dtype=torch.int64),
+        query_start_loc=query_start_loc,
+        keys=keys,
+        values=values,
+        scale=head_size**-0.5,
+    )
+
+
+def dense_attention(case: PagedCase) -> torch.Tensor:
+    """SDPA on each sequence's dense K/V with a causal mask offset to its context."""
+    out = torch.empty_like(case.query)
+    starts = case.query_start_loc.tolist()
+    for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
+        q = case.query[starts[i] : starts[i + 1]].float()
+        q_len, ctx = q.shape[0], k.shape[0]
+        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - q_len, ctx)[:, None]
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.float().transpose(0, 1),
+            v.float().transpose(0, 1),
+            attn_mask=mask,
+            scale=case.scale,
+            enable_gqa=True,
+        )
+        out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
+    return out

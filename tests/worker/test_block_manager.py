@@ -1,0 +1,113 @@
+"""The block pool on CPU, with exact block ids and free-queue order."""
+
+import pytest
+
+from worker.block_manager import BlockManager
+from worker.sampling_params import SamplingParams
+from worker.sequence import Sequence
+
+BLOCK = 4
+
+
+def _seq(tokens: list[int], index: int = 0) -> Sequence:
+    return Sequence(str(index), tokens, SamplingParams(), arrival_index=index)
+
+
+def test_allocation_takes_blocks_from_the_front_in_order() -> None:
+    pool = BlockManager(num_blocks=11, block_size=BLOCK, enable_prefix_caching=True)
+    seq = _seq(list(range(10)))
+    assert pool.allocate_slots(seq, 10)
+    assert seq.block_ids == [0, 1, 2]
+    assert pool.num_free_blocks == 8
+    assert [b.ref_count for b in pool.blocks[:4]] == [1, 1, 1, 0]
+
+
+def test_allocation_that_does_not_fit_changes_nothing() -> None:
+    pool = BlockManager(num_blocks=3, block_size=BLOCK, enable_prefix_caching=False)
+    seq = _seq(list(range(13)))
+    assert not pool.allocate_slots(seq, 13)
+    assert seq.block_ids == []
+    assert pool.num_free_blocks == 3
+    assert not pool.allocate_slots(_seq([1]), 1, reserved_blocks=3)
+
+
+def test_free_returns_tail_first_and_uncached_blocks_go_to_the_front() -> None:
+    pool = BlockManager(num_blocks=11, block_size=BLOCK, enable_prefix_caching=True)
+    seq = _seq(list(range(10)))  # blocks 0, 1 full; block 2 partial
+    pool.allocate_slots(seq, 10)
+    seq.num_computed_tokens = 10
+    pool.register_computed_blocks(seq)
+    pool.free(seq)
+    # Block 2 had no hash: reused first. Cached 1 then 0 sit at the end, tail first.
+    assert list(pool.free_queue) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 0]
+    assert all(b.ref_count == 0 for b in pool.blocks)
+
+
+def test_prefix_hit_reuses_cached_blocks_and_stops_one_token_short() -> None:
+    pool = BlockManager(num_blocks=11, block_size=BLOCK, enable_prefix_caching=True)
+    first = _seq(list(range(12)), 0)
+    pool.allocate_slots(first, 12)
+    first.num_computed_tokens = 12
+    pool.register_computed_blocks(first)
+
+    same = _seq(list(range(12)), 1)
+    hits = pool.get_computed_blocks(same)
+    # All three blocks match, but the last token must be recomputed: two blocks hit.
+    assert hits == [0, 1]
+    assert pool.allocate_slots(same, 12, hits)
+    assert same.block_ids == [0, 1, 3]
+    assert [pool.blocks[i].ref_count for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
+    assert pool.prefix_cache_hits == 8
+
+    other = _seq([99, *range(1, 12)], 2)
+    assert pool.get_computed_blocks(other) == []
+
+
+def test_freed_cached_block_is_revived_or_lazily_evicted() -> None:
+    pool = BlockManager(num_blocks=3, block_size=BLOCK, enable_prefix_caching=True)
+    first = _seq(list(range(9)), 0)
+    pool.allocate_slots(first, 9)
+    first.num_computed_tokens = 9
+    pool.register_computed_blocks(first)
+    pool.free(first)
+    assert list(pool.free_queue) == [2, 1, 0]
+
+    # A hit on a free cached block takes it out of the free queue.
+    again = _seq(list(range(9)), 1)
+    hits = pool.get_computed_blocks(again)
+    assert hits == [0, 1]
+    assert pool.allocate_slots(again, 9, hits)
+    assert again.block_ids == [0, 1, 2]
+    pool.free(again)
+
+    # A different sequence needs every block: the cached hashes are evicted.
+    stranger = _seq([7] * 12, 2)
+    assert pool.allocate_slots(stranger, 12)
+    assert pool.cached_blocks == {}
+    assert pool.get_computed_blocks(_seq(list(range(9)), 3)) == []
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_shared_blocks_are_freed_only_when_the_last_user_leaves(caching: bool) -> None:
+    pool = BlockManager(num_blocks=8, block_size=BLOCK, enable_prefix_caching=caching)
+    a, b = _seq(list(range(9)), 0), _seq(list(range(9)), 1)
+    pool.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    pool.register_computed_blocks(a)
+    pool.allocate_slots(b, 9, pool.get_computed_blocks(b))
+    shared = 2 if caching else 0
+    assert pool.num_free_blocks == 8 - 6 + shared
+    pool.free(a)
+    assert pool.num_free_blocks == 8 - 3
+    pool.free(b)
+    assert pool.num_free_blocks == 8
+    assert all(block.ref_count == 0 for block in pool.blocks)
+
+
+def test_can_admit_respects_the_watermark() -> None:
+    pool = BlockManager(num_blocks=10, block_size=BLOCK, enable_prefix_caching=False)
+    assert pool.can_admit(40)
+    assert not pool.can_admit(41)
+    assert pool.can_admit(36, reserved_blocks=1)
+    assert not pool.can_admit(37, reserved_blocks=1)
+    assert pool.usage == 0.0
