@@ -2,7 +2,8 @@
 
 CUDA tensors run the Triton kernels, CPU tensors run the torch references.
 ``GENFLEET_KERNELS=triton`` forces Triton everywhere (on CPU that needs
-``TRITON_INTERPRET=1``); ``GENFLEET_KERNELS=torch`` forces the references.
+``TRITON_INTERPRET=1`` set before the process starts); ``GENFLEET_KERNELS=torch``
+forces the references.
 """
 
 import os
@@ -27,6 +28,13 @@ def kernel_backend(device: torch.device) -> str:
 
 def _impl(device: torch.device) -> ModuleType:
     if kernel_backend(device) == "triton":
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            # Triton's own helpers (tl.sum, tl.max, ...) are built when triton is
+            # first imported, so the interpreter cannot be switched on from here.
+            raise RuntimeError(
+                "Triton kernels on CPU tensors need TRITON_INTERPRET=1 in the environment "
+                "before the process starts"
+            )
         from kernels import triton_ops  # imported lazily: triton is optional on CPU hosts
 
         return triton_ops

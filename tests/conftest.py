@@ -1,5 +1,12 @@
 """Models for tests: tiny random Llama-family models built here, and the converted SmolLM2."""
 
+import os
+
+# Triton kernels run on CPU tensors in Triton's interpreter, which must be on
+# before anything imports triton (torch and transformers may). A GPU run sets
+# TRITON_INTERPRET=0 to compile them for real.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from pathlib import Path
 
 import pytest

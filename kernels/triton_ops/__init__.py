@@ -1,0 +1,13 @@
+"""Triton implementations of every op in ``kernels``, with the references' signatures.
+
+On CPU these run only under Triton's interpreter (``TRITON_INTERPRET=1``),
+which the dispatch point sets before this package is first imported.
+"""
+
+from kernels.triton_ops.activation import silu_and_mul
+from kernels.triton_ops.attention import paged_attention
+from kernels.triton_ops.cache import write_kv_cache
+from kernels.triton_ops.norm import rms_norm
+from kernels.triton_ops.rotary import rotary_embedding
+
+__all__ = ["paged_attention", "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache"]

@@ -1,0 +1,113 @@
+"""Every Triton kernel against its torch reference, under Triton's interpreter on CPU.
+
+The default grid is small enough for CI; ``GENFLEET_SLOW_TESTS=1`` adds a
+larger sweep. Tolerances per dtype: fp32 1e-4 (the kernels accumulate in a
+different order), fp16 2e-3, bf16 2e-2 absolute and relative.
+"""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels import reference, triton_ops
+from tests.kernels.paged_cases import dense_attention, make_case
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
+
+# (new tokens, context): decodes, a prefill, a chunk over a cached prefix,
+# contexts ending exactly on a block boundary, a context of one token.
+SHAPES = [(1, 13), (5, 5), (3, 19), (1, 16), (1, 1), (8, 32)]
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tol, rtol=tol)
+
+
+ATTENTION_GRID = [
+    # (heads, kv_heads, head_size, block_size, dtype)
+    (4, 4, 64, 16, torch.float32),  # GQA ratio 1
+    (6, 2, 64, 8, torch.float16),  # ratio 3
+    (8, 2, 64, 32, torch.bfloat16),  # ratio 4
+    (6, 2, 80, 16, torch.float32),  # head size that is not a power of two
+]
+if SLOW:
+    ATTENTION_GRID += [
+        (heads, kv, head, block, dtype)
+        for heads, kv in ((4, 4), (6, 2), (8, 2))
+        for head in (64, 80, 96, 128)
+        for block in (8, 16, 32)
+        for dtype in DTYPES
+    ]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_size", "block_size", "dtype"), ATTENTION_GRID)
+def test_paged_attention(heads, kv_heads, head_size, block_size, dtype) -> None:
+    case = make_case(SHAPES, heads, kv_heads, head_size, block_size, dtype, seed=head_size)
+    args = (
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    expected = reference.paged_attention(*args)
+    _close(triton_ops.paged_attention(*args), expected, dtype)
+    _close(triton_ops.paged_attention(*args), dense_attention(case), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_cache(dtype) -> None:
+    key = torch.randn(5, 3, 24).to(dtype)
+    value = torch.randn(5, 3, 24).to(dtype)
+    slots = torch.tensor([7, -1, 0, 31, -1])
+    caches = [torch.zeros(4, 8, 3, 24, dtype=dtype) for _ in range(4)]
+    reference.write_kv_cache(key, value, caches[0], caches[1], slots)
+    triton_ops.write_kv_cache(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(dtype, with_residual) -> None:
+    x = torch.randn(7, 100).to(dtype)
+    residual = torch.randn(7, 100).to(dtype) if with_residual else None
+    weight = torch.randn(100).to(dtype)
+    out, new_residual = triton_ops.rms_norm(x, weight, 1e-5, residual)
+    ref_out, ref_residual = reference.rms_norm(x, weight, 1e-5, residual)
+    _close(out, ref_out, dtype)
+    if with_residual:
+        _close(new_residual, ref_residual, dtype)
+    else:
+        assert new_residual is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_embedding(dtype, is_neox) -> None:
+    head, heads, kv_heads = 32, 6, 2
+    positions = torch.tensor([0, 5, 1, 63, 17])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+    freqs = torch.arange(64).float()[:, None] * inv_freq[None, :]
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    # q and k as strided views into one fused projection, as the model produces them.
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * head).to(dtype)
+    expected = qkv.clone()
+    q, k, _ = qkv.split([heads * head, kv_heads * head, kv_heads * head], dim=-1)
+    eq, ek, _ = expected.split([heads * head, kv_heads * head, kv_heads * head], dim=-1)
+    triton_ops.rotary_embedding(positions, q, k, cache, head, is_neox)
+    reference.rotary_embedding(positions, eq, ek, cache, head, is_neox)
+    _close(qkv, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype) -> None:
+    x = torch.randn(3, 2 * 1500).to(dtype)  # two column blocks, the second partial
+    _close(triton_ops.silu_and_mul(x), reference.silu_and_mul(x), dtype)
