@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint install
 
 $(STAMP): pyproject.toml Makefile
+	# Redis for the integration tests and the local fleet: the system package.
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.

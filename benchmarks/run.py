@@ -2,6 +2,7 @@
 
 import argparse
 import statistics
+from collections.abc import Collection
 
 import torch
 from rich.console import Console
@@ -21,11 +22,11 @@ BASELINE_BATCH = {"single": 1, "static8": 8, "static20": 20}
 CAPACITY_FRACTION = 0.9
 
 
-def _split(value: str, known: object) -> list[str]:
+def _split(value: str, known: Collection[str]) -> list[str]:
     items = [item.strip() for item in value.split(",") if item.strip()]
-    unknown = [item for item in items if item not in known]  # type: ignore[operator]
+    unknown = [item for item in items if item not in known]
     if unknown:
-        raise ValueError(f"unknown choice(s) {unknown}; known: {sorted(known)}")  # type: ignore[arg-type]
+        raise ValueError(f"unknown choice(s) {unknown}; known: {sorted(known)}")
     return items
 
 

@@ -1,1 +1,36 @@
-"""Reserved: filled by its own issue."""
+"""The wire contract: every message on Kafka and Redis, and every topic, key and channel name.
+
+Imported by both the producer API and the workers; imports neither. See
+``docs/wire-contract.md`` for how to produce jobs and read results from any
+Kafka client, and how versions evolve.
+"""
+
+from queue_schemas.jobs import ChatMessage, JobRequest, SamplingOptions
+from queue_schemas.messages import (
+    DeadLetter,
+    FinishReason,
+    JobResult,
+    JobState,
+    JobStatus,
+    TokenEvent,
+    Usage,
+)
+from queue_schemas.names import Names
+from queue_schemas.versioning import SCHEMA_VERSION, UnsupportedVersion, check_version
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChatMessage",
+    "DeadLetter",
+    "FinishReason",
+    "JobRequest",
+    "JobResult",
+    "JobState",
+    "JobStatus",
+    "Names",
+    "SamplingOptions",
+    "TokenEvent",
+    "UnsupportedVersion",
+    "Usage",
+    "check_version",
+]

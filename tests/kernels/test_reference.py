@@ -21,15 +21,7 @@ SHAPES = [(1, 37), (19, 19), (5, 48), (1, 32), (1, 1), (16, 16), (7, 23)]
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_paged_attention_matches_dense(dtype, heads, kv_heads, block_size) -> None:
     case = make_case(SHAPES, heads, kv_heads, 64, block_size, dtype)
-    out = reference.paged_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        case.scale,
-    )
+    out = reference.paged_attention(*case.kernel_tensors(), case.scale)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), dense_attention(case).float(), atol=tol, rtol=tol)
 

@@ -1,7 +1,9 @@
-"""Every Triton kernel against its torch reference, under Triton's interpreter on CPU.
+"""Every Triton kernel against its torch reference.
 
-The default grid is small enough for CI; ``GENFLEET_SLOW_TESTS=1`` adds a
-larger sweep. Tolerances per dtype: fp32 1e-4 (the kernels accumulate in a
+On CPU the kernels run in Triton's interpreter; with ``TRITON_INTERPRET=0``
+on a CUDA host (``scripts/gpu_check.py``) they are compiled and run on the
+GPU. The default grid is small enough for CI; ``GENFLEET_SLOW_TESTS=1`` adds
+a larger sweep. Tolerances per dtype: fp32 1e-4 (the kernels accumulate in a
 different order), fp16 2e-3, bf16 2e-2 absolute and relative.
 """
 
@@ -18,6 +20,8 @@ from tests.kernels.paged_cases import dense_attention, make_case
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
+ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 
 # (new tokens, context): decodes, a prefill, a chunk over a cached prefix,
 # contexts ending exactly on a block boundary, a context of one token.
@@ -49,18 +53,11 @@ if SLOW:
 @pytest.mark.parametrize(("heads", "kv_heads", "head_size", "block_size", "dtype"), ATTENTION_GRID)
 def test_paged_attention(heads, kv_heads, head_size, block_size, dtype) -> None:
     case = make_case(SHAPES, heads, kv_heads, head_size, block_size, dtype, seed=head_size)
-    args = (
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        case.scale,
-    )
-    expected = reference.paged_attention(*args)
-    _close(triton_ops.paged_attention(*args), expected, dtype)
-    _close(triton_ops.paged_attention(*args), dense_attention(case), dtype)
+    tensors = case.kernel_tensors()
+    expected = reference.paged_attention(*tensors, case.scale)
+    actual = triton_ops.paged_attention(*(t.to(DEVICE) for t in tensors), case.scale).cpu()
+    _close(actual, expected, dtype)
+    _close(actual, dense_attention(case), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,10 +65,11 @@ def test_write_kv_cache(dtype) -> None:
     key = torch.randn(5, 3, 24).to(dtype)
     value = torch.randn(5, 3, 24).to(dtype)
     slots = torch.tensor([7, -1, 0, 31, -1])
-    caches = [torch.zeros(4, 8, 3, 24, dtype=dtype) for _ in range(4)]
-    reference.write_kv_cache(key, value, caches[0], caches[1], slots)
-    triton_ops.write_kv_cache(key, value, caches[2], caches[3], slots)
-    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    caches = [torch.zeros(4, 8, 3, 24, dtype=dtype) for _ in range(2)]
+    reference.write_kv_cache(key, value, *caches, slots)
+    on_device = [torch.zeros(4, 8, 3, 24, dtype=dtype, device=DEVICE) for _ in range(2)]
+    triton_ops.write_kv_cache(key.to(DEVICE), value.to(DEVICE), *on_device, slots.to(DEVICE))
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(caches, on_device, strict=True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,11 +78,12 @@ def test_rms_norm(dtype, with_residual) -> None:
     x = torch.randn(7, 100).to(dtype)
     residual = torch.randn(7, 100).to(dtype) if with_residual else None
     weight = torch.randn(100).to(dtype)
-    out, new_residual = triton_ops.rms_norm(x, weight, 1e-5, residual)
+    on_device = residual.to(DEVICE) if residual is not None else None
+    out, new_residual = triton_ops.rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-5, on_device)
     ref_out, ref_residual = reference.rms_norm(x, weight, 1e-5, residual)
-    _close(out, ref_out, dtype)
+    _close(out.cpu(), ref_out, dtype)
     if with_residual:
-        _close(new_residual, ref_residual, dtype)
+        _close(new_residual.cpu(), ref_residual, dtype)
     else:
         assert new_residual is None
 
@@ -98,16 +97,17 @@ def test_rotary_embedding(dtype, is_neox) -> None:
     freqs = torch.arange(64).float()[:, None] * inv_freq[None, :]
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     # q and k as strided views into one fused projection, as the model produces them.
-    qkv = torch.randn(5, (heads + 2 * kv_heads) * head).to(dtype)
-    expected = qkv.clone()
-    q, k, _ = qkv.split([heads * head, kv_heads * head, kv_heads * head], dim=-1)
-    eq, ek, _ = expected.split([heads * head, kv_heads * head, kv_heads * head], dim=-1)
-    triton_ops.rotary_embedding(positions, q, k, cache, head, is_neox)
+    sizes = [heads * head, kv_heads * head, kv_heads * head]
+    expected = torch.randn(5, sum(sizes)).to(dtype)
+    qkv = expected.to(DEVICE)
+    q, k, _ = qkv.split(sizes, dim=-1)
+    eq, ek, _ = expected.split(sizes, dim=-1)
+    triton_ops.rotary_embedding(positions.to(DEVICE), q, k, cache.to(DEVICE), head, is_neox)
     reference.rotary_embedding(positions, eq, ek, cache, head, is_neox)
-    _close(qkv, expected, dtype)
+    _close(qkv.cpu(), expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype) -> None:
     x = torch.randn(3, 2 * 1500).to(dtype)  # two column blocks, the second partial
-    _close(triton_ops.silu_and_mul(x), reference.silu_and_mul(x), dtype)
+    _close(triton_ops.silu_and_mul(x.to(DEVICE)).cpu(), reference.silu_and_mul(x), dtype)

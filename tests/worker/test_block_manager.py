@@ -13,6 +13,15 @@ def _seq(tokens: list[int], index: int = 0) -> Sequence:
     return Sequence(str(index), tokens, SamplingParams(), arrival_index=index)
 
 
+def _computed(pool: BlockManager, tokens: list[int], index: int = 0) -> Sequence:
+    """A sequence whose whole prompt has been run, its full blocks registered."""
+    seq = _seq(tokens, index)
+    assert pool.allocate_slots(seq, len(tokens))
+    seq.num_computed_tokens = len(tokens)
+    pool.register_computed_blocks(seq)
+    return seq
+
+
 def test_allocation_takes_blocks_from_the_front_in_order() -> None:
     pool = BlockManager(num_blocks=11, block_size=BLOCK, enable_prefix_caching=True)
     seq = _seq(list(range(10)))
@@ -33,10 +42,7 @@ def test_allocation_that_does_not_fit_changes_nothing() -> None:
 
 def test_free_returns_tail_first_and_uncached_blocks_go_to_the_front() -> None:
     pool = BlockManager(num_blocks=11, block_size=BLOCK, enable_prefix_caching=True)
-    seq = _seq(list(range(10)))  # blocks 0, 1 full; block 2 partial
-    pool.allocate_slots(seq, 10)
-    seq.num_computed_tokens = 10
-    pool.register_computed_blocks(seq)
+    seq = _computed(pool, list(range(10)))  # blocks 0, 1 full; block 2 partial
     pool.free(seq)
     # Block 2 had no hash: reused first. Cached 1 then 0 sit at the end, tail first.
     assert list(pool.free_queue) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 0]
@@ -45,10 +51,7 @@ def test_free_returns_tail_first_and_uncached_blocks_go_to_the_front() -> None:
 
 def test_prefix_hit_reuses_cached_blocks_and_stops_one_token_short() -> None:
     pool = BlockManager(num_blocks=11, block_size=BLOCK, enable_prefix_caching=True)
-    first = _seq(list(range(12)), 0)
-    pool.allocate_slots(first, 12)
-    first.num_computed_tokens = 12
-    pool.register_computed_blocks(first)
+    _computed(pool, list(range(12)))
 
     same = _seq(list(range(12)), 1)
     hits = pool.get_computed_blocks(same)
@@ -65,11 +68,7 @@ def test_prefix_hit_reuses_cached_blocks_and_stops_one_token_short() -> None:
 
 def test_freed_cached_block_is_revived_or_lazily_evicted() -> None:
     pool = BlockManager(num_blocks=3, block_size=BLOCK, enable_prefix_caching=True)
-    first = _seq(list(range(9)), 0)
-    pool.allocate_slots(first, 9)
-    first.num_computed_tokens = 9
-    pool.register_computed_blocks(first)
-    pool.free(first)
+    pool.free(_computed(pool, list(range(9))))
     assert list(pool.free_queue) == [2, 1, 0]
 
     # A hit on a free cached block takes it out of the free queue.
@@ -90,10 +89,7 @@ def test_freed_cached_block_is_revived_or_lazily_evicted() -> None:
 @pytest.mark.parametrize("caching", [True, False])
 def test_shared_blocks_are_freed_only_when_the_last_user_leaves(caching: bool) -> None:
     pool = BlockManager(num_blocks=8, block_size=BLOCK, enable_prefix_caching=caching)
-    a, b = _seq(list(range(9)), 0), _seq(list(range(9)), 1)
-    pool.allocate_slots(a, 9)
-    a.num_computed_tokens = 9
-    pool.register_computed_blocks(a)
+    a, b = _computed(pool, list(range(9)), 0), _seq(list(range(9)), 1)
     pool.allocate_slots(b, 9, pool.get_computed_blocks(b))
     shared = 2 if caching else 0
     assert pool.num_free_blocks == 8 - 6 + shared

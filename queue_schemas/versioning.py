@@ -1,0 +1,33 @@
+"""How messages evolve.
+
+``schema_version`` is an integer major version. Within a version, fields are
+only ever added, each optional with a default, so a reader ignores fields it
+does not know (every model is ``extra="ignore"``) and a writer may omit any
+field it does not use. A change that would make an old reader wrong (a
+removed or renamed field, a new meaning) bumps the version; a reader refuses
+versions it does not support, and a worker sends such a job to the
+dead-letter topic with that reason.
+"""
+
+from pydantic import BaseModel, ConfigDict
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+
+class UnsupportedVersion(ValueError):
+    pass
+
+
+def check_version(version: int) -> None:
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersion(
+            f"schema_version {version} is not supported; this reader knows "
+            f"{sorted(SUPPORTED_VERSIONS)}"
+        )
+
+
+class WireModel(BaseModel):
+    """Base of every message: unknown fields are ignored, per the versioning rules."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
