@@ -38,6 +38,13 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker(args: argparse.Namespace) -> int:
+    from worker.service.app import run_worker
+    from worker.service.settings import settings_from_args
+
+    return run_worker(settings_from_args(args))
+
+
 def _bench(args: argparse.Namespace) -> int:
     from benchmarks.run import run_benchmark
 
@@ -63,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--raw", action="store_true", help="do not apply the chat template")
     generate.set_defaults(handler=_generate)
+
+    worker = commands.add_parser("worker", help="serve jobs from Kafka, stream tokens to Redis")
+    from worker.service.settings import add_settings_arguments
+
+    add_settings_arguments(worker)
+    worker.set_defaults(handler=_worker)
 
     bench = commands.add_parser("bench", help="engine vs Hugging Face transformers, same run")
     from benchmarks.options import add_bench_arguments

@@ -30,6 +30,57 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     return gathered.view(n, blocks * block_size, kv_heads, head).transpose(1, 2)
 
 
+def _decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One new token per sequence: a single batched SDPA call, [n, heads, head] out."""
+    block_size = key_cache.shape[1]
+    num_blocks = -(-int(seq_lens.max()) // block_size)
+    block_ids = block_tables[:, :num_blocks].long()
+    k = _gather(key_cache, block_ids)
+    v = _gather(value_cache, block_ids)
+    visible = torch.arange(num_blocks * block_size, device=query.device) < seq_lens[:, None]
+    o = F.scaled_dot_product_attention(
+        query.unsqueeze(2).float(),  # [n, heads, 1, head]
+        k,
+        v,
+        attn_mask=visible[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return o.squeeze(2).to(query.dtype)
+
+
+def _prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Several new tokens of one sequence, the last ``q_len`` of its ``ctx_len``."""
+    q_len = query.shape[0]
+    num_blocks = -(-ctx_len // key_cache.shape[1])
+    block_ids = block_table[None, :num_blocks].long()
+    k = _gather(key_cache, block_ids)[:, :, :ctx_len]
+    v = _gather(value_cache, block_ids)[:, :, :ctx_len]
+    q = query.transpose(0, 1).unsqueeze(0).float()
+    if ctx_len == q_len:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        key_pos = torch.arange(ctx_len, device=query.device)
+        query_pos = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
+        mask = key_pos[None, :] <= query_pos[:, None]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.squeeze(0).transpose(0, 1).to(query.dtype)
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -47,49 +98,29 @@ def paged_attention(
     seq_lens: [num_seqs] cached tokens per sequence, this step's included
     query_start_loc: [num_seqs + 1] offsets of each sequence's tokens in query
     returns [num_tokens, num_heads, head_size]
+    Every sequence has at least one new token.
     """
-    block_size = key_cache.shape[1]
+    if query.shape[0] == block_tables.shape[0]:  # one token per sequence: a pure decode step
+        return _decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     q_lens = [b - a for a, b in itertools.pairwise(starts)]
-
     decodes = [i for i, q_len in enumerate(q_lens) if q_len == 1]
     if decodes:
         rows = torch.tensor(decodes, dtype=torch.long, device=query.device)
         tokens = query_start_loc[rows].long()
-        ctx = seq_lens[rows]
-        num_blocks = -(-max(lens[i] for i in decodes) // block_size)
-        block_ids = block_tables[rows, :num_blocks].long()
-        k = _gather(key_cache, block_ids)
-        v = _gather(value_cache, block_ids)
-        visible = torch.arange(num_blocks * block_size, device=query.device) < ctx[:, None]
-        q = query[tokens].unsqueeze(2).float()  # [n, heads, 1, head]
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True
+        out[tokens] = _decode(
+            query[tokens], key_cache, value_cache, block_tables[rows], seq_lens[rows], scale
         )
-        out[tokens] = o.squeeze(2).to(out.dtype)
-
     for i, q_len in enumerate(q_lens):
-        if q_len <= 1:
-            continue
-        ctx_len = lens[i]
-        num_blocks = -(-ctx_len // block_size)
-        block_ids = block_tables[i : i + 1, :num_blocks].long()
-        k = _gather(key_cache, block_ids)[:, :, :ctx_len]
-        v = _gather(value_cache, block_ids)[:, :, :ctx_len]
-        q = query[starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0).float()
-        if ctx_len == q_len:
-            o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+        if q_len > 1:
+            out[starts[i] : starts[i + 1]] = _prefill(
+                query[starts[i] : starts[i + 1]],
+                key_cache,
+                value_cache,
+                block_tables[i],
+                lens[i],
+                scale,
             )
-        else:
-            first_pos = ctx_len - q_len
-            key_pos = torch.arange(ctx_len, device=query.device)
-            query_pos = torch.arange(first_pos, ctx_len, device=query.device)
-            mask = key_pos[None, :] <= query_pos[:, None]
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        out[starts[i] : starts[i + 1]] = o.squeeze(0).transpose(0, 1).to(out.dtype)
     return out

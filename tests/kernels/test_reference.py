@@ -14,13 +14,15 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 # (new tokens, context): decodes, a full prefill, a chunk on top of a cached
 # prefix, a context ending exactly on a block boundary, a context of one token.
 SHAPES = [(1, 37), (19, 19), (5, 48), (1, 32), (1, 1), (16, 16), (7, 23)]
+DECODES_ONLY = [(1, 37), (1, 32), (1, 1), (1, 90)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (8, 2)])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_paged_attention_matches_dense(dtype, heads, kv_heads, block_size) -> None:
-    case = make_case(SHAPES, heads, kv_heads, 64, block_size, dtype)
+@pytest.mark.parametrize("shapes", [SHAPES, DECODES_ONLY], ids=["mixed", "decodes"])
+def test_paged_attention_matches_dense(dtype, heads, kv_heads, block_size, shapes) -> None:
+    case = make_case(shapes, heads, kv_heads, 64, block_size, dtype)
     out = reference.paged_attention(*case.kernel_tensors(), case.scale)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), dense_attention(case).float(), atol=tol, rtol=tol)

@@ -1,0 +1,99 @@
+"""A real broker, a real Redis, and worker processes for the integration tests."""
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from genfleet.local_services import LocalService, local_services
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[tuple[LocalService, LocalService]]:
+    with local_services() as pair:
+        yield pair
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """A tiny random Llama that speaks through SmolLM2's tokenizer: real text, fast steps."""
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+        # Peaked logits: greedy choices do not hinge on rounding, so a job
+        # regenerated in another batch gives the same text.
+        initializer_range=0.3,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (smollm2_path / name).is_file():
+            shutil.copy(smollm2_path / name, folder / name)
+    return folder
+
+
+@pytest.fixture
+def prefix() -> str:
+    """Fresh topic and key names for each test."""
+    return f"t{uuid.uuid4().hex[:8]}."
+
+
+class WorkerProcess:
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "genfleet.cli", "worker", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(services, chat_model, prefix, tmp_path):
+    """start_worker(*extra_flags) -> a running worker process on this test's topics."""
+    kafka, redis = services
+    workers: list[WorkerProcess] = []
+
+    def start(*extra: str) -> WorkerProcess:
+        args = [
+            "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
+            "--model", str(chat_model), "--topic-prefix", prefix,
+            "--jobs-partitions", "4", *extra,
+        ]  # fmt: skip
+        worker = WorkerProcess(args, tmp_path / f"worker-{len(workers)}.log")
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
