@@ -62,7 +62,7 @@ def _verdict(rows: list[RunSummary]) -> str:
     latency_cut = 1 - engine.mean_latency / best.mean_latency
     return (
         f"{engine.system} vs best HF baseline {best.system}: "
-        f"throughput x{speedup:.2f}, mean latency {100 * latency_cut:+.0f}% lower"
+        f"throughput x{speedup:.2f}, mean latency {100 * latency_cut:.0f}% lower"
     )
 
 
