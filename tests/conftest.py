@@ -25,51 +25,53 @@ from worker.model_fetch import DEFAULT_MODEL, fetch_model
 TINY_VOCAB = 384
 
 
-def _tiny_config(kind: str) -> LlamaConfig | MistralConfig | Qwen2Config:
-    common = dict(
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        # Larger weights than the default init give peaked logits, so greedy
-        # argmax is not decided by rounding noise.
-        initializer_range=0.15,
-        # No end-of-sequence token: both engines run to max_tokens.
-        bos_token_id=1,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    if kind == "llama-untied":
-        return LlamaConfig(**common, tie_word_embeddings=False)
-    if kind == "llama-tied":
-        # Multi-query attention: one KV head for four query heads.
-        return LlamaConfig(**{**common, "num_key_value_heads": 1}, tie_word_embeddings=True)
-    if kind == "qwen2-bias":
-        return Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False)
-    if kind == "mistral":
-        return MistralConfig(**common, tie_word_embeddings=False, sliding_window=None)
-    raise ValueError(kind)
-
-
-TINY_KINDS = ("llama-untied", "llama-tied", "qwen2-bias", "mistral")
-MODEL_CLASSES = {
-    "llama-untied": LlamaForCausalLM,
-    "llama-tied": LlamaForCausalLM,
-    "qwen2-bias": Qwen2ForCausalLM,
-    "mistral": MistralForCausalLM,
+TINY_COMMON = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    # Larger weights than the default init give peaked logits, so greedy
+    # argmax is not decided by rounding noise.
+    initializer_range=0.15,
+    # No end-of-sequence token: both engines run to max_tokens.
+    bos_token_id=1,
+    eos_token_id=None,
+    pad_token_id=0,
+)
+# kind -> (config class, model class, what sets the kind apart)
+TINY_MODELS = {
+    "llama-untied": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
+    # Multi-query attention: one KV head for four query heads.
+    "llama-tied": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        {"tie_word_embeddings": True, "num_key_value_heads": 1},
+    ),
+    "qwen2-bias": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        {"tie_word_embeddings": False, "use_sliding_window": False},
+    ),
+    "mistral": (
+        MistralConfig,
+        MistralForCausalLM,
+        {"tie_word_embeddings": False, "sliding_window": None},
+    ),
 }
+TINY_KINDS = tuple(TINY_MODELS)
 
 
-def build_tiny_model(kind: str, folder: Path, max_shard_size: str | None = None) -> torch.nn.Module:
+def build_tiny_model(
+    kind: str, folder: Path, max_shard_size: str | None = None, **overrides: object
+) -> torch.nn.Module:
+    """A seeded random model of ``kind`` saved as safetensors + config in ``folder``."""
+    config_class, model_class, settings = TINY_MODELS[kind]
     torch.manual_seed(1234)
-    model = MODEL_CLASSES[kind](_tiny_config(kind)).eval()
-    if max_shard_size:
-        model.save_pretrained(folder, max_shard_size=max_shard_size)
-    else:
-        model.save_pretrained(folder)
+    model = model_class(config_class(**{**TINY_COMMON, **settings, **overrides})).eval()
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return model
 
 

@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from genfleet.local_services import LocalService, local_services
+from tests.conftest import build_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -27,23 +26,17 @@ def services() -> Iterator[tuple[LocalService, LocalService]]:
 def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
     """A tiny random Llama that speaks through SmolLM2's tokenizer: real text, fast steps."""
     folder = tmp_path_factory.mktemp("tiny-chat")
-    torch.manual_seed(0)
-    config = LlamaConfig(
+    build_tiny_model(
+        "llama-untied",
+        folder,
         vocab_size=49152,
-        hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
-        eos_token_id=None,
-        pad_token_id=0,
         tie_word_embeddings=True,
         # Peaked logits: greedy choices do not hinge on rounding, so a job
         # regenerated in another batch gives the same text.
         initializer_range=0.3,
     )
-    LlamaForCausalLM(config).save_pretrained(folder)
     for name in TOKENIZER_FILES:
         if (smollm2_path / name).is_file():
             shutil.copy(smollm2_path / name, folder / name)
