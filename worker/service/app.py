@@ -173,17 +173,24 @@ class WorkerService:
     async def _intake(self) -> None:
         while not self.stopping.is_set():
             self._apply_backpressure()
-            room = self.gate.room(self.engine_thread.load, 0)
-            if self.gate.paused or room == 0:
-                await asyncio.sleep(FETCH_TIMEOUT_MS / 1000)
-                continue
+            if self.gate.paused:
+                # Keep polling (the group evicts a consumer that stops), and keep
+                # partitions that a rebalance just gave us paused too.
+                self.consumer.pause(*self.consumer.assignment())
+            room = max(1, self.gate.room(self.engine_thread.load))
             batches = await self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=room)
-            for partition, records in batches.items():
-                for record in records:
-                    await self._take(partition, record.offset, record.value)
+            # Taken concurrently, so the engine thread receives the whole batch
+            # between two steps rather than one job per step.
+            await asyncio.gather(
+                *(
+                    self._take(partition, record.offset, record.value)
+                    for partition, records in batches.items()
+                    for record in records
+                )
+            )
 
     def _apply_backpressure(self) -> None:
-        decision = self.gate.update(self.engine_thread.load, 0)
+        decision = self.gate.update(self.engine_thread.load)
         if decision is None:
             return
         partitions = self.consumer.assignment()
@@ -208,22 +215,35 @@ class WorkerService:
         if isinstance(job, Rejected):
             await self._dead_letter(partition, offset, raw, job.reason, job.job_id)
             return
-        if job.job_id in self.jobs or await self.publisher.is_final_or_cancelled(job.job_id):
-            self.offsets.done(partition, offset)  # redelivered and already served
+        if job.job_id in self.jobs:  # a duplicate of a job this worker is serving
+            self.offsets.done(partition, offset)
             return
+        # Claimed before the first await, so a duplicate in the same batch is skipped.
+        self.jobs[job.job_id] = InFlight(job, partition, offset, now())
+        reason = await self._refusal(job)
+        if reason is not None:
+            del self.jobs[job.job_id]
+            if reason:
+                await self._dead_letter(partition, offset, raw, reason, job.job_id)
+            else:
+                self.offsets.done(partition, offset)  # redelivered and already served
+            return
+        await self.publisher.set_state(
+            JobState(job_id=job.job_id, tenant=job.tenant, status=JobStatus.RUNNING)
+        )
+
+    async def _refusal(self, job: JobRequest) -> str | None:
+        """None: the engine took the job; "": nothing to do; otherwise why it cannot run."""
+        if await self.publisher.is_final_or_cancelled(job.job_id):
+            return ""
         if job.deadline and job.deadline < now():
-            await self._dead_letter(partition, offset, raw, "deadline passed", job.job_id)
-            return
+            return "deadline passed"
         try:
             prompt = engine_prompt(job, self.engine.tokenizer)
             await self.engine_thread.add(job.job_id, prompt, sampling_params(job), job.priority)
         except ValueError as error:
-            await self._dead_letter(partition, offset, raw, str(error), job.job_id)
-            return
-        self.jobs[job.job_id] = InFlight(job, partition, offset, now())
-        await self.publisher.set_state(
-            JobState(job_id=job.job_id, tenant=job.tenant, status=JobStatus.RUNNING)
-        )
+            return str(error)
+        return None
 
     async def _dead_letter(
         self, partition: TopicPartition, offset: int, raw: bytes, reason: str, job_id: str | None

@@ -28,13 +28,10 @@ class Backpressure:
                 f"high_watermark ({self.high_watermark})"
             )
 
-    def update(self, load: EngineLoad, queued: int) -> bool | None:
-        """True: pause now; False: resume now; None: stay as we are.
-
-        ``queued`` counts jobs accepted but not yet visible in ``load.waiting``.
-        """
+    def update(self, load: EngineLoad) -> bool | None:
+        """True: pause now; False: resume now; None: stay as we are."""
         free = load.free_blocks / load.total_blocks
-        waiting = load.waiting + queued
+        waiting = load.waiting
         if not self.paused and (free < self.low_watermark or waiting >= self.max_waiting):
             self.paused, self.pauses = True, self.pauses + 1
             return True
@@ -43,6 +40,6 @@ class Backpressure:
             return False
         return None
 
-    def room(self, load: EngineLoad, queued: int) -> int:
+    def room(self, load: EngineLoad) -> int:
         """How many more records one fetch may bring."""
-        return max(0, self.max_waiting - load.waiting - queued)
+        return max(0, self.max_waiting - load.waiting)
