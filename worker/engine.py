@@ -102,10 +102,12 @@ class LLMEngine:
             len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len
         )
         needed = self.block_manager.blocks_needed(longest)
-        if needed > self.block_manager.num_blocks:
+        # Admission keeps the watermark free, so a request must fit below it even alone.
+        usable = self.block_manager.num_blocks - self.scheduler.reserved_blocks
+        if needed > usable:
             raise ValueError(
-                f"the request may need {needed} KV blocks; the cache has "
-                f"{self.block_manager.num_blocks}: lower max_tokens or grow the cache"
+                f"the request may need {needed} KV blocks; the cache has {usable} "
+                "usable: lower max_tokens or grow the cache"
             )
 
     def add_request(

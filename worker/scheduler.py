@@ -40,7 +40,7 @@ class Scheduler:
         # and the preemption victim is always the last one.
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self._reserved_blocks = int(config.watermark * block_manager.num_blocks)
+        self.reserved_blocks = int(config.watermark * block_manager.num_blocks)
 
     @property
     def num_waiting(self) -> int:
@@ -104,7 +104,7 @@ class Scheduler:
             num_new = self._chunk(seq.num_tokens - num_cached, budget)
             if num_new == 0:
                 break
-            reserve = self._reserved_blocks
+            reserve = self.reserved_blocks
             if not self.kv.allocate_slots(seq, num_cached + num_new, hits, reserve):
                 break
             heapq.heappop(self.waiting)

@@ -119,6 +119,16 @@ def test_request_larger_than_the_whole_cache_is_refused(tiny_models) -> None:
         engine.add_request("big", list(range(3, 13)), SamplingParams(max_tokens=10))
 
 
+def test_a_request_must_fit_below_the_admission_watermark(tiny_models) -> None:
+    # 100 blocks with 10 kept free at admission: 90 usable for one request.
+    engine = _engine(tiny_models, num_gpu_blocks_override=100, block_size=4, watermark=0.1)
+    with pytest.raises(ValueError, match="90 usable"):
+        engine.add_request("big", [5] * 10, SamplingParams(max_tokens=366))
+    engine.add_request("fits", [5] * 10, SamplingParams(max_tokens=350, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def test_unknown_model_folder_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown model"):
         LLM(str(tmp_path / "no-such-model"))
