@@ -1,10 +1,35 @@
-"""The inference engine and, in later modules, the service that joins it to Kafka and Redis."""
+"""The inference engine, and the service that joins it to Kafka and Redis.
 
-from worker.config import EngineConfig
-from worker.engine import LLMEngine
-from worker.llm import LLM
-from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
-from worker.sampling_params import SamplingParams
+The public names load on first use, so that light modules of this package
+(settings, model fetching) import without torch.
+"""
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "LLM": "worker.llm",
+    "CompletionOutput": "worker.outputs",
+    "EngineConfig": "worker.config",
+    "LLMEngine": "worker.engine",
+    "RequestDelta": "worker.outputs",
+    "RequestOutput": "worker.outputs",
+    "SamplingParams": "worker.sampling_params",
+}
+
+if TYPE_CHECKING:
+    from worker.config import EngineConfig
+    from worker.engine import LLMEngine
+    from worker.llm import LLM
+    from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
+    from worker.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'worker' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
 
 __all__ = [
     "LLM",

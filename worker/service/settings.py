@@ -1,14 +1,20 @@
-"""Worker settings: one name each as an environment variable (GENFLEET_*) and a flag (--*)."""
+"""Worker settings: one name each as an environment variable (GENFLEET_*) and a flag (--*).
+
+Imports no torch, so ``genfleet --help`` and the API's commands stay light.
+"""
 
 import argparse
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import EngineConfig
 from worker.model_fetch import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from worker.config import EngineConfig
 
 
 class WorkerSettings(BaseSettings):
@@ -43,7 +49,9 @@ class WorkerSettings(BaseSettings):
     result_ttl_s: int = Field(86_400, ge=1, description="lifetime of a job's Redis keys")
     drain_deadline_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish jobs")
 
-    def engine_config(self) -> EngineConfig:
+    def engine_config(self) -> "EngineConfig":
+        from worker.config import EngineConfig  # torch: only when an engine is built
+
         return EngineConfig(
             model=self.model,
             dtype=self.dtype,

@@ -1,0 +1,47 @@
+"""The command line: light to start, and every worker setting listed."""
+
+import subprocess
+import sys
+
+
+def _run(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_building_the_command_line_imports_no_torch() -> None:
+    code = (
+        "import sys, genfleet.cli\n"
+        "genfleet.cli.build_parser()\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    assert _run(code) == "[]"
+
+
+def test_worker_help_lists_every_setting_with_its_environment_name() -> None:
+    from worker.service.settings import WorkerSettings
+
+    result = subprocess.run(
+        [sys.executable, "-m", "genfleet.cli", "worker", "--help"], capture_output=True, text=True
+    )
+    help_text = " ".join(result.stdout.split())
+    for name in WorkerSettings.model_fields:
+        assert f"--{name.replace('_', '-')}" in help_text
+        assert f"GENFLEET_{name.upper()}" in help_text
+
+
+def test_settings_come_from_flags_then_environment(monkeypatch) -> None:
+    import argparse
+
+    from worker.service.settings import add_settings_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    monkeypatch.setenv("GENFLEET_REDIS_URL", "redis://example:1/0")
+    monkeypatch.setenv("GENFLEET_MAX_NUM_SEQS", "7")
+    args = parser.parse_args(["--max-num-seqs", "9", "--kafka-idempotence"])
+    settings = settings_from_args(args)
+    assert settings.max_num_seqs == 9
+    assert settings.redis_url == "redis://example:1/0"
+    assert settings.kafka_idempotence is True
