@@ -60,11 +60,12 @@ class ModelRunner:
         num_new = torch.tensor(batch.num_new_tokens, dtype=torch.int64)
         query_start_loc = torch.zeros(len(starts) + 1, dtype=torch.int64)
         torch.cumsum(num_new, 0, out=query_start_loc[1:])
-        seq_lens = torch.tensor(starts, dtype=torch.int64) + num_new
+        first_positions = torch.tensor(starts, dtype=torch.int64)
+        seq_lens = first_positions + num_new
         # Position of every token: its sequence's first new position plus its offset.
         seq_of_token = torch.repeat_interleave(torch.arange(len(starts)), num_new)
         offsets = torch.arange(len(input_ids)) - query_start_loc[seq_of_token]
-        positions = torch.tensor(starts, dtype=torch.int64)[seq_of_token] + offsets
+        positions = first_positions[seq_of_token] + offsets
         width = max(len(table) for table in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         # slot = block_table[seq, pos // B] * B + pos % B

@@ -47,7 +47,6 @@ class InFlight:
     started_at: datetime
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    first_token_at: datetime | None = None
     # Set when the job is dropped for another owner (rebalance, shutdown): no result.
     abandoned: bool = False
 
@@ -298,7 +297,6 @@ class WorkerService:
             return []
         flight.text += delta.new_text
         flight.token_ids += delta.new_token_ids
-        flight.first_token_at = flight.first_token_at or now()
         return [
             TokenEvent(
                 job_id=flight.job.job_id,
@@ -328,7 +326,7 @@ class WorkerService:
             worker=self.settings.worker_id,
             created_at=flight.job.created_at,
             started_at=flight.started_at,
-            first_token_at=_epoch(delta.timings.first_token_time) or flight.first_token_at,
+            first_token_at=_epoch(delta.timings.first_token_time),
             finished_at=now(),
         )
 

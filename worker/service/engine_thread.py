@@ -37,7 +37,6 @@ class EngineLoad:
     free_blocks: int
     total_blocks: int
     waiting: int
-    running: int
 
 
 class EngineThread:
@@ -72,7 +71,6 @@ class EngineThread:
             free_blocks=pool.num_free_blocks,
             total_blocks=pool.num_blocks,
             waiting=self.engine.scheduler.num_waiting,
-            running=len(self.engine.scheduler.running),
         )
 
     def _apply(self, command: _Add | _Abort) -> None:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from queue_schemas import JobResult, JobState, JobStatus, Names, TokenEvent, Usage
+from queue_schemas import JobResult, JobState, JobStatus, Names, TokenEvent
 
 
 def now() -> datetime:
@@ -69,6 +69,6 @@ class RedisPublisher:
     def _set_state(self, pipe: Pipeline, state: JobState) -> None:
         key = self.names.job_key(state.job_id)
         fields = state.model_dump(mode="json", exclude_none=True)
-        fields["usage"] = Usage.model_validate(fields["usage"]).model_dump_json()
+        fields["usage"] = state.usage.model_dump_json()
         pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
         pipe.expire(key, self.ttl_s)

@@ -7,7 +7,7 @@ from worker.service.engine_thread import EngineLoad
 
 
 def _load(free: int, waiting: int = 0) -> EngineLoad:
-    return EngineLoad(free_blocks=free, total_blocks=100, waiting=waiting, running=0)
+    return EngineLoad(free_blocks=free, total_blocks=100, waiting=waiting)
 
 
 def test_pauses_below_low_and_resumes_only_above_high() -> None:
