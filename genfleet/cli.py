@@ -5,7 +5,10 @@ subcommands never pull in torch.
 """
 
 import argparse
+import os
 import sys
+
+from genfleet.settings_flags import add_settings_arguments, settings_from_args
 
 
 def _model_fetch(args: argparse.Namespace) -> int:
@@ -40,9 +43,24 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from worker.service.app import run_worker
-    from worker.service.settings import settings_from_args
+    from worker.service.settings import WorkerSettings
 
-    return run_worker(settings_from_args(args))
+    return run_worker(settings_from_args(args, WorkerSettings))
+
+
+def _api(args: argparse.Namespace) -> int:
+    from producer_api.app import run_api
+    from producer_api.settings import ApiSettings
+
+    return run_api(settings_from_args(args, ApiSettings))
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from producer_api.client import submit
+
+    return submit(
+        args.url, args.api_key, args.prompt, args.max_tokens, args.temperature, args.stream
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -72,10 +90,29 @@ def build_parser() -> argparse.ArgumentParser:
     generate.set_defaults(handler=_generate)
 
     worker = commands.add_parser("worker", help="serve jobs from Kafka, stream tokens to Redis")
-    from worker.service.settings import add_settings_arguments
+    from worker.service.settings import WorkerSettings
 
-    add_settings_arguments(worker)
+    add_settings_arguments(worker, WorkerSettings)
     worker.set_defaults(handler=_worker)
+
+    api = commands.add_parser("api", help="serve the HTTP API (jobs, SSE, OpenAI routes)")
+    from producer_api.settings import ApiSettings
+
+    add_settings_arguments(api, ApiSettings)
+    api.set_defaults(handler=_api)
+
+    submit = commands.add_parser("submit", help="submit a job over HTTP; --stream prints tokens")
+    submit.add_argument("prompt")
+    submit.add_argument("--url", default="http://127.0.0.1:8000", help="the API's base URL")
+    submit.add_argument(
+        "--api-key",
+        default=os.environ.get("GENFLEET_API_KEY"),
+        help="bearer key (env GENFLEET_API_KEY)",
+    )
+    submit.add_argument("--max-tokens", type=int, default=128)
+    submit.add_argument("--temperature", type=float, default=0.0)
+    submit.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    submit.set_defaults(handler=_submit)
 
     bench = commands.add_parser("bench", help="engine vs Hugging Face transformers, same run")
     from benchmarks.options import add_bench_arguments

@@ -7,6 +7,7 @@ Kafka client, and how versions evolve.
 
 from queue_schemas.jobs import ChatMessage, JobRequest, SamplingOptions
 from queue_schemas.messages import (
+    CancelJob,
     DeadLetter,
     FinishReason,
     JobResult,
@@ -20,6 +21,7 @@ from queue_schemas.versioning import SCHEMA_VERSION, UnsupportedVersion, check_v
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CancelJob",
     "ChatMessage",
     "DeadLetter",
     "FinishReason",

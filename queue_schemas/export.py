@@ -6,10 +6,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from queue_schemas.jobs import JobRequest
-from queue_schemas.messages import DeadLetter, JobResult, JobState, TokenEvent
+from queue_schemas.messages import CancelJob, DeadLetter, JobResult, JobState, TokenEvent
 
 SCHEMA_DIR = Path(__file__).parent / "json"
-MODELS: tuple[type[BaseModel], ...] = (JobRequest, TokenEvent, JobState, JobResult, DeadLetter)
+MODELS: tuple[type[BaseModel], ...] = (
+    JobRequest, TokenEvent, JobState, JobResult, DeadLetter, CancelJob,
+)  # fmt: skip
 
 
 def schemas() -> dict[str, str]:

@@ -64,14 +64,10 @@ class JobRequest(WireModel):
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "JobRequest":
-        given = [
-            name
-            for name in ("prompt", "prompt_token_ids", "messages")
-            if getattr(self, name) is not None
-        ]
+        names = ("prompt", "prompt_token_ids", "messages")
+        given = [name for name in names if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(
-                "exactly one of prompt, prompt_token_ids, messages must be given; "
-                f"got {given or 'none'}"
+                f"exactly one of {', '.join(names)} must be given; got {given or 'none'}"
             )
         return self

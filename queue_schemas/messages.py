@@ -44,7 +44,12 @@ class TokenEvent(WireModel):
     token_index: int = Field(ge=0)
     text: str
     token_ids: list[int]
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict[int, float]] | None = Field(
+        default=None, description="per token: log-probability of it and of the top alternatives"
+    )
+    token_texts: dict[int, str] | None = Field(
+        default=None, description="with logprobs: the text of every token id named above"
+    )
 
 
 class JobResult(WireModel):
@@ -81,6 +86,12 @@ class JobState(WireModel):
     usage: Usage = Usage()
     error: str | None = None
     updated_at: datetime | None = None
+
+
+class CancelJob(WireModel):
+    """On the control channel: every worker aborts this job if it is running it."""
+
+    cancel: JobId
 
 
 class DeadLetter(WireModel):

@@ -32,6 +32,11 @@ class Names:
         """Pub/sub channel every worker listens on (cancellations)."""
         return f"{self.prefix}control"
 
+    @property
+    def api_channel(self) -> str:
+        """Pub/sub channel every API process keeps subscribed (its fan-out connection's home)."""
+        return f"{self.prefix}api"
+
     def job_key(self, job_id: str) -> str:
         """Hash with the job's state (``JobState`` fields)."""
         return f"{self.prefix}job:{job_id}"
@@ -47,3 +52,11 @@ class Names:
     def cancel_key(self, job_id: str) -> str:
         """Set when a job is cancelled; checked before a job is admitted."""
         return f"{self.prefix}job:{job_id}:cancel"
+
+    def tenant_jobs_key(self, tenant: str) -> str:
+        """Sorted set of the tenant's unfinished jobs (the API's outstanding limit)."""
+        return f"{self.prefix}tenant:{tenant}:jobs"
+
+    def tenant_rate_key(self, tenant: str, window: int) -> str:
+        """Counter of the tenant's new jobs in one rate-limit window."""
+        return f"{self.prefix}tenant:{tenant}:rate:{window}"

@@ -34,14 +34,15 @@ def test_worker_help_lists_every_setting_with_its_environment_name() -> None:
 def test_settings_come_from_flags_then_environment(monkeypatch) -> None:
     import argparse
 
-    from worker.service.settings import add_settings_arguments, settings_from_args
+    from genfleet.settings_flags import add_settings_arguments, settings_from_args
+    from worker.service.settings import WorkerSettings
 
     parser = argparse.ArgumentParser()
-    add_settings_arguments(parser)
+    add_settings_arguments(parser, WorkerSettings)
     monkeypatch.setenv("GENFLEET_REDIS_URL", "redis://example:1/0")
     monkeypatch.setenv("GENFLEET_MAX_NUM_SEQS", "7")
     args = parser.parse_args(["--max-num-seqs", "9", "--kafka-idempotence"])
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, WorkerSettings)
     assert settings.max_num_seqs == 9
     assert settings.redis_url == "redis://example:1/0"
     assert settings.kafka_idempotence is True

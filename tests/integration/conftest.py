@@ -4,13 +4,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from genfleet.local_services import LocalService, local_services
+from genfleet.local_services import LocalService, free_port, local_services
 from tests.conftest import build_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -49,13 +51,15 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}."
 
 
-class WorkerProcess:
-    def __init__(self, args: list[str], log_path: Path) -> None:
+class FleetProcess:
+    """``genfleet <command> <args>`` as a subprocess, its output in a log file."""
+
+    def __init__(self, command: str, args: list[str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "genfleet.cli", "worker", *args],
+            [sys.executable, "-m", "genfleet.cli", command, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -75,18 +79,54 @@ class WorkerProcess:
 def start_worker(services, chat_model, prefix, tmp_path):
     """start_worker(*extra_flags) -> a running worker process on this test's topics."""
     kafka, redis = services
-    workers: list[WorkerProcess] = []
+    workers: list[FleetProcess] = []
 
-    def start(*extra: str) -> WorkerProcess:
+    def start(*extra: str) -> FleetProcess:
         args = [
             "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
             "--model", str(chat_model), "--topic-prefix", prefix,
             "--jobs-partitions", "4", *extra,
         ]  # fmt: skip
-        worker = WorkerProcess(args, tmp_path / f"worker-{len(workers)}.log")
+        worker = FleetProcess("worker", args, tmp_path / f"worker-{len(workers)}.log")
         workers.append(worker)
         return worker
 
     yield start
     for worker in workers:
         worker.stop()
+
+
+class ApiProcess(FleetProcess):
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        super().__init__("api", [*args, "--port", str(self.port)], log_path)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError(f"the API did not start:\n{self.log()}")
+
+
+@pytest.fixture
+def start_api(services, prefix, tmp_path):
+    """start_api(*extra_flags) -> a running API process on this test's topics."""
+    kafka, redis = services
+    apis: list[ApiProcess] = []
+
+    def start(*extra: str, kafka_address: str | None = None) -> ApiProcess:
+        args = [
+            "--kafka-bootstrap", kafka_address or kafka.address, "--redis-url", redis.address,
+            "--topic-prefix", prefix, "--jobs-partitions", "4", *extra,
+        ]  # fmt: skip
+        api = ApiProcess(args, tmp_path / f"api-{len(apis)}.log")
+        apis.append(api)
+        return api
+
+    yield start
+    for api in apis:
+        api.stop()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
-from queue_schemas import DeadLetter, JobResult, JobStatus, Names, TokenEvent
+from queue_schemas import CancelJob, DeadLetter, JobResult, JobStatus, Names, TokenEvent
 
 TIMEOUT_S = 180
 
@@ -111,6 +111,10 @@ def test_bad_records_go_to_the_dead_letter_topic(services, start_worker, prefix)
         json.dumps({"job_id": "too-long", "prompt_token_ids": [5] * 2000}).encode(): "context",
         json.dumps({"job_id": "no-prompt"}).encode(): "exactly one of prompt",
     }
+    readable = {
+        "wrong-types": "prompt", "future": "schema_version", "too-long": "context",
+        "no-prompt": "exactly one of prompt",
+    }  # fmt: skip
     good = json.dumps(
         {"job_id": "good-after", "prompt": "Hello", "sampling": {"max_tokens": 4}}
     ).encode()
@@ -120,7 +124,9 @@ def test_bad_records_go_to_the_dead_letter_topic(services, start_worker, prefix)
         letters = await _read(
             kafka.address, names.dead_letter_topic, lambda values: len(values) >= len(bad)
         )
-        results = await _read(kafka.address, names.results_topic, lambda values: len(values) >= 1)
+        results = await _read(
+            kafka.address, names.results_topic, _all_ids([*readable, "good-after"])
+        )
         return letters, results
 
     letters, results = asyncio.run(asyncio.wait_for(scenario(), TIMEOUT_S))
@@ -128,7 +134,12 @@ def test_bad_records_go_to_the_dead_letter_topic(services, start_worker, prefix)
     for raw, reason in bad.items():
         letter = next(letter for letter in parsed if letter.raw == raw)
         assert reason in letter.reason
-    assert JobResult.model_validate_json(results[0]).job_id == "good-after"
+    by_id = _results_by_id(results)
+    assert by_id["good-after"][0].status is JobStatus.COMPLETED
+    # A bad job whose id is readable also fails visibly, for whoever waits on it.
+    for job_id, reason in readable.items():
+        failure = by_id[job_id][0]
+        assert failure.status is JobStatus.FAILED and reason in failure.error
 
 
 def _long_job(job_id: str, max_tokens: int) -> bytes:
@@ -212,7 +223,7 @@ def test_cancelling_a_running_job_frees_its_blocks(services, start_worker, prefi
             while not await client.xlen(names.events_stream("c1")):
                 await asyncio.sleep(0.05)
             await client.set(names.cancel_key("c1"), 1)
-            await client.publish(names.control_channel, json.dumps({"cancel": "c1"}))
+            await client.publish(names.control_channel, CancelJob(cancel="c1").model_dump_json())
             raw = await _read(kafka.address, names.results_topic, lambda values: len(values) >= 1)
             status = await client.hget(names.job_key("c1"), "status")
         finally:

@@ -130,3 +130,55 @@ def test_the_contract_imports_neither_side_nor_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+class _RecordingPipe:
+    """Collects the commands a layout function queues (the layout, not Redis, is tested)."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: self.commands.append((name, args, kwargs))
+
+
+def test_a_state_written_without_a_tenant_keeps_the_stored_one() -> None:
+    from queue_schemas import JobState, JobStatus, Usage
+    from queue_schemas.redis_records import read_state, write_state
+
+    names = Names("p.")
+    pipe = _RecordingPipe()
+    write_state(pipe, names, JobState(job_id="j", status=JobStatus.FAILED, error="bad"), 60)
+    (_, (key,), written), _ = pipe.commands
+    assert key == "p.job:j" and "tenant" not in written["mapping"]
+
+    full = JobState(
+        job_id="j", tenant="acme", status=JobStatus.COMPLETED, usage=Usage(prompt_tokens=3)
+    )
+    pipe = _RecordingPipe()
+    write_state(pipe, names, full, 60)
+    mapping = pipe.commands[0][2]["mapping"]
+    stored = {k.encode(): v.encode() for k, v in mapping.items()}
+    assert read_state(stored) == full
+    assert read_state({}) is None
+
+
+def test_events_go_live_and_to_the_capped_stream() -> None:
+    from queue_schemas import TokenEvent
+    from queue_schemas.redis_records import EVENT_FIELD, append_event, read_event
+
+    pipe = _RecordingPipe()
+    event = TokenEvent(job_id="j", token_index=4, text="a", token_ids=[7])
+    append_event(pipe, Names("p."), event, maxlen=100, ttl_s=60)
+    (publish, (channel, payload), _), (xadd, (stream, fields), options), (expire, _, _) = (
+        pipe.commands
+    )
+    assert (publish, channel, xadd, stream, expire) == (
+        "publish",
+        "p.job:j:live",
+        "xadd",
+        "p.job:j:events",
+        "expire",
+    )
+    assert options["maxlen"] == 100
+    assert read_event(fields[EVENT_FIELD]) == read_event(payload) == event

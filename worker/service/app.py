@@ -12,19 +12,28 @@ so a worker that dies loses nothing: the job is redelivered and regenerated.
 """
 
 import asyncio
-import json
 import logging
 import signal
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from queue_schemas import DeadLetter, JobRequest, JobResult, JobState, JobStatus, Names, TokenEvent
+from queue_schemas import (
+    CancelJob,
+    DeadLetter,
+    JobRequest,
+    JobResult,
+    JobState,
+    JobStatus,
+    Names,
+    TokenEvent,
+)
 from queue_schemas import Usage as WireUsage
+from queue_schemas.topics import ensure_topics
 from worker.engine import LLMEngine
 from worker.outputs import RequestDelta
 from worker.service.backpressure import Backpressure
@@ -87,7 +96,9 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        await self._ensure_topics()
+        await ensure_topics(
+            self.settings.kafka_bootstrap, self.names, self.settings.jobs_partitions
+        )
         self.redis = Redis.from_url(self.settings.redis_url)
         self.publisher = RedisPublisher(
             self.redis, self.names, self.settings.event_stream_maxlen, self.settings.result_ttl_s
@@ -136,26 +147,6 @@ class WorkerService:
             log.error("%s failed, stopping", task.get_coro(), exc_info=task.exception())
             self.failed = True
             self.stopping.set()
-
-    async def _ensure_topics(self) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
-        await admin.start()
-        try:
-            existing = set(await admin.list_topics())
-            wanted = {
-                self.names.jobs_topic: self.settings.jobs_partitions,
-                self.names.results_topic: 1,
-                self.names.dead_letter_topic: 1,
-            }
-            missing = [
-                NewTopic(name, num_partitions=n, replication_factor=1)
-                for name, n in wanted.items()
-                if name not in existing
-            ]
-            if missing:
-                await admin.create_topics(missing)
-        finally:
-            await admin.close()
 
     async def _drain(self) -> None:
         """After SIGTERM: let running jobs finish until the deadline, abandon the rest."""
@@ -212,7 +203,7 @@ class WorkerService:
         self.offsets.add(partition, offset)
         job = parse_job(raw)
         if isinstance(job, Rejected):
-            await self._dead_letter(partition, offset, raw, job.reason, job.job_id)
+            await self._dead_letter(partition, offset, raw, job.reason, job.job_id, None)
             return
         if job.job_id in self.jobs:  # a duplicate of a job this worker is serving
             self.offsets.done(partition, offset)
@@ -223,12 +214,14 @@ class WorkerService:
         if reason is not None:
             del self.jobs[job.job_id]
             if reason:
-                await self._dead_letter(partition, offset, raw, reason, job.job_id)
+                await self._dead_letter(partition, offset, raw, reason, job.job_id, job.tenant)
             else:
                 self.offsets.done(partition, offset)  # redelivered and already served
             return
         await self.publisher.set_state(
-            JobState(job_id=job.job_id, tenant=job.tenant, status=JobStatus.RUNNING)
+            JobState(
+                job_id=job.job_id, tenant=job.tenant, status=JobStatus.RUNNING, updated_at=now()
+            )
         )
 
     async def _refusal(self, job: JobRequest) -> str | None:
@@ -245,8 +238,16 @@ class WorkerService:
         return None
 
     async def _dead_letter(
-        self, partition: TopicPartition, offset: int, raw: bytes, reason: str, job_id: str | None
+        self,
+        partition: TopicPartition,
+        offset: int,
+        raw: bytes,
+        reason: str,
+        job_id: str | None,
+        tenant: str | None,
     ) -> None:
+        """Keep the record on the dead-letter topic; a job whose id we can read also
+        fails visibly, so whoever waits on it (an SSE stream, the results topic) hears why."""
         log.warning("dead letter %s:%d %s", partition.topic, offset, reason)
         letter = DeadLetter.of(
             raw, partition.topic, partition.partition, offset,
@@ -256,10 +257,24 @@ class WorkerService:
             self.names.dead_letter_topic, letter.model_dump_json().encode()
         )
         if job_id is not None:
-            await self.publisher.set_state(
-                JobState(job_id=job_id, status=JobStatus.FAILED, error=reason, updated_at=now())
+            known = {"tenant": tenant} if tenant is not None else {}
+            failure = JobResult(
+                job_id=job_id,
+                status=JobStatus.FAILED,
+                finish_reason="error",
+                error=reason,
+                worker=self.settings.worker_id,
+                finished_at=now(),
+                **known,
             )
+            await self.publisher.publish([], [failure])
+            await self._send_result(failure)
         self.offsets.done(partition, offset)
+
+    async def _send_result(self, result: JobResult) -> None:
+        await self.producer.send_and_wait(
+            self.names.results_topic, result.model_dump_json().encode(), key=result.job_id.encode()
+        )
 
     # --- outputs ---------------------------------------------------------------------
 
@@ -276,11 +291,7 @@ class WorkerService:
                     results.append(self._result(flight, delta))
             await self.publisher.publish(events, results)
             for result in results:
-                await self.producer.send_and_wait(
-                    self.names.results_topic,
-                    result.model_dump_json().encode(),
-                    key=result.job_id.encode(),
-                )
+                await self._send_result(result)
                 flight = self.jobs.pop(result.job_id)
                 self.offsets.done(flight.partition, flight.offset)
                 if result.status is JobStatus.CANCELLED:
@@ -304,8 +315,23 @@ class WorkerService:
                 text=delta.new_text,
                 token_ids=delta.new_token_ids,
                 logprobs=delta.new_logprobs or None,
+                token_texts=self._token_texts(delta.new_logprobs, flight.job),
             )
         ]
+
+    def _token_texts(
+        self, logprobs: list[dict[int, float]], job: JobRequest
+    ) -> dict[int, str] | None:
+        """Readers without the tokenizer (the API's OpenAI logprobs) need each token's text."""
+        tokenizer = self.engine.tokenizer
+        if not logprobs or tokenizer is None:
+            return None
+        skip = job.sampling.skip_special_tokens
+        return {
+            token_id: tokenizer.decode([token_id], skip_special_tokens=skip)
+            for top in logprobs
+            for token_id in top
+        }
 
     def _result(self, flight: InFlight, delta: RequestDelta) -> JobResult:
         cancelled = delta.finish_reason == "abort"
@@ -340,8 +366,8 @@ class WorkerService:
                 if message["type"] != "message":
                     continue
                 try:
-                    job_id = json.loads(message["data"])["cancel"]
-                except (ValueError, KeyError, TypeError):
+                    job_id = CancelJob.model_validate_json(message["data"]).cancel
+                except ValidationError:
                     log.warning("ignoring control message %r", message["data"])
                     continue
                 if job_id in self.jobs:

@@ -1,17 +1,17 @@
 """Tokens out through Redis: one pipeline per engine step.
 
-Each delta becomes a ``TokenEvent``: PUBLISHed on the job's live channel and
-XADDed to its capped event stream (for replay), numbered by token index. A
-finished job's ``JobResult`` goes the same two ways and its final ``JobState``
-into the job's hash; every key gets the configured TTL.
+Each delta becomes a ``TokenEvent``, a finished job a ``JobResult``; both are
+PUBLISHed on the job's live channel and XADDed to its capped event stream (for
+replay), and a result also becomes the job's final state in its hash. The
+layout is ``queue_schemas.redis_records``'s; every key gets the configured TTL.
 """
 
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 
 from queue_schemas import JobResult, JobState, JobStatus, Names, TokenEvent
+from queue_schemas.redis_records import append_event, final_state, write_state
 
 
 def now() -> datetime:
@@ -31,24 +31,14 @@ class RedisPublisher:
             return
         pipe = self.redis.pipeline(transaction=False)
         for message in [*events, *results]:
-            self._emit(pipe, message.job_id, message.model_dump_json())
+            append_event(pipe, self.names, message, self.maxlen, self.ttl_s)
         for result in results:
-            state = JobState(
-                job_id=result.job_id,
-                tenant=result.tenant,
-                status=result.status,
-                text=result.text,
-                finish_reason=result.finish_reason,
-                usage=result.usage,
-                error=result.error,
-                updated_at=now(),
-            )
-            self._set_state(pipe, state)
+            write_state(pipe, self.names, final_state(result, now()), self.ttl_s)
         await pipe.execute()
 
     async def set_state(self, state: JobState) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        self._set_state(pipe, state)
+        write_state(pipe, self.names, state, self.ttl_s)
         await pipe.execute()
 
     async def is_final_or_cancelled(self, job_id: str) -> bool:
@@ -59,16 +49,3 @@ class RedisPublisher:
         status, cancelled = await pipe.execute()
         final = status is not None and JobStatus(status.decode()).is_final
         return final or bool(cancelled)
-
-    def _emit(self, pipe: Pipeline, job_id: str, payload: str) -> None:
-        stream = self.names.events_stream(job_id)
-        pipe.publish(self.names.events_channel(job_id), payload)
-        pipe.xadd(stream, {"event": payload}, maxlen=self.maxlen, approximate=True)
-        pipe.expire(stream, self.ttl_s)
-
-    def _set_state(self, pipe: Pipeline, state: JobState) -> None:
-        key = self.names.job_key(state.job_id)
-        fields = state.model_dump(mode="json", exclude_none=True)
-        fields["usage"] = state.usage.model_dump_json()
-        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
-        pipe.expire(key, self.ttl_s)

@@ -1,0 +1,92 @@
+"""The API process's connections and the one way every route submits jobs."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from producer_api.auth import KeyRing, Tenant
+from producer_api.fanout import LiveFanout
+from producer_api.job_store import JobStore
+from producer_api.kafka_submit import JobSubmitter
+from producer_api.limits import TenantLimits
+from producer_api.metrics import ApiMetrics
+from producer_api.settings import ApiSettings
+from queue_schemas import JobRequest
+
+CLIENT_NAME = "genfleet-api"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Fleet:
+    def __init__(self, settings: ApiSettings, metrics: ApiMetrics) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self.metrics = metrics
+        self.keys = KeyRing(settings)
+        # Bounded: a burst of stream clients queues for a connection instead of opening one each.
+        pool = BlockingConnectionPool.from_url(
+            settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=settings.retry_after_s,
+            client_name=CLIENT_NAME,
+        )
+        self.redis = Redis(connection_pool=pool)
+        self.fanout = LiveFanout(
+            settings.redis_url, self.names.api_channel, settings.sse_client_buffer
+        )
+        self.store = JobStore(self.redis, self.fanout, settings)
+        self.limits = TenantLimits(self.redis, self.names)
+        self.submitter = JobSubmitter(settings, self.names)
+        self._background: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        await self.fanout.start()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run work that must outlive the request that started it (a cancel on hang-up)."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.submitter.stop()
+        await self.fanout.stop()
+        await self.redis.aclose()
+
+    async def submit(self, tenant: Tenant, jobs: list[JobRequest], route: str) -> None:
+        """Within the tenant's limits, recorded ``queued`` in Redis, acknowledged by Kafka."""
+        started = time.perf_counter()
+        await self.limits.admit(
+            tenant.tenant,
+            len(jobs),
+            per_minute=self.keys.rate_limit(tenant),
+            max_outstanding=self.keys.max_outstanding(tenant),
+        )
+        await self.store.record_queued(jobs)
+        try:
+            await self.submitter.submit(jobs)
+        except Exception:
+            await self.store.forget(jobs)
+            raise
+        self.metrics.jobs_submitted.labels(route).inc(len(jobs))
+        self.metrics.submit_seconds.observe(time.perf_counter() - started)
+
+    async def cancel(self, tenant: Tenant, job_id: str) -> None:
+        _, result = await self.store.cancel(job_id, tenant.tenant)
+        if result is not None:
+            await self.submitter.send_result(result)
+
+    async def ready(self) -> dict[str, bool]:
+        try:
+            redis_ok = bool(await self.redis.ping())
+        except Exception:
+            redis_ok = False
+        return {"kafka": await self.submitter.ready(), "redis": redis_ok}

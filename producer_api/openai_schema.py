@@ -1,0 +1,149 @@
+"""Request bodies of the OpenAI-compatible routes, and how each becomes fleet jobs.
+
+Field names, bounds and defaults are OpenAI's; the extra sampling fields that
+vLLM accepts (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
+``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``, ``priority``) are
+accepted too, e.g. through the openai client's ``extra_body``. Fields this
+fleet does not implement (tools, response formats) are ignored, as unknown
+fields are.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from queue_schemas import ChatMessage, SamplingOptions
+
+MAX_CHOICES = 16
+StopText = Annotated[str, Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class OpenAIMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def as_chat_message(self) -> ChatMessage:
+        content = self.content or ""
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        # "developer" is OpenAI's newer name for the system role.
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=content)
+
+
+class GenerationRequest(BaseModel):
+    """What the two routes share: OpenAI's sampling fields plus vLLM's extras."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    seed: int | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # vLLM's extras.
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    skip_special_tokens: bool = True
+    priority: int = 0
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def top_logprobs_wanted(self) -> int | None:
+        """None: no logprobs; otherwise how many alternatives per token."""
+        raise NotImplementedError
+
+    def sampling(self, choice: int) -> SamplingOptions:
+        """Options of one choice. With a seed, choice i uses seed + i: the n choices differ
+        from each other, and the same request gives the same n texts again."""
+        given = {
+            name: getattr(self, name)
+            for name in (
+                "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k",
+                "min_p", "repetition_penalty",
+            )
+            if getattr(self, name) is not None
+        }  # fmt: skip
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingOptions(
+            **given,
+            seed=None if self.seed is None else self.seed + choice,
+            max_tokens=self.token_limit(),
+            min_tokens=self.min_tokens,
+            stop=stop,
+            stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+            logprobs=self.top_logprobs_wanted(),
+            skip_special_tokens=self.skip_special_tokens,
+        )
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: Annotated[list[OpenAIMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+PromptTokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | PromptTokens
+        | Annotated[list[PromptTokens], Field(min_length=1)]
+    )
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+    suffix: None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt field's forms (text, texts, token ids, lists of token ids) as a list."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(item, int) for item in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs

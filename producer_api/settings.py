@@ -1,0 +1,30 @@
+"""API settings: environment variables GENFLEET_* (the worker's names where they are shared)
+and ``genfleet api`` flags."""
+
+from pathlib import Path
+
+from pydantic import Field
+
+from queue_schemas.fleet_settings import FleetSettings
+
+LOOPBACK = "127.0.0.1"
+
+
+class ApiSettings(FleetSettings):
+    model: str = Field("SmolLM2-135M-Instruct", description="model name the fleet serves")
+    host: str = Field("0.0.0.0", description="listen address (loopback only without API keys)")
+    port: int = Field(8000, ge=0, le=65535, description="listen port")
+    # Tenants and limits.
+    api_keys: str = Field("", description="comma-separated KEY=TENANT pairs")
+    api_keys_file: Path | None = Field(None, description="JSON file of API keys and tenants")
+    rate_limit_per_minute: int = Field(600, ge=1, description="new jobs per tenant per minute")
+    max_outstanding_jobs: int = Field(256, ge=1, description="unfinished jobs per tenant")
+    max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body")
+    # Delivery.
+    redis_max_connections: int = Field(32, ge=2, description="Redis connections besides pub/sub")
+    kafka_send_timeout_s: float = Field(5.0, gt=0, description="broker silent this long: 503")
+    retry_after_s: int = Field(5, ge=1, description="Retry-After when Kafka or Redis is down")
+    sse_ping_s: float = Field(15.0, gt=0, description="keep-alive comment interval on streams")
+    sse_client_buffer: int = Field(
+        1024, ge=1, description="events a slow stream client may fall behind before it is dropped"
+    )

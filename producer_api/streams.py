@@ -1,0 +1,85 @@
+"""Server-sent event plumbing shared by the job events route and the OpenAI streams."""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from producer_api.fanout import SlowReader
+from producer_api.fleet import Fleet
+from queue_schemas import TokenEvent
+from queue_schemas.redis_records import JobEvent
+
+_END = object()
+
+
+async def merged_events(
+    fleet: Fleet, job_ids: list[str], after: int = -1, *, resume_when_slow: bool = False
+) -> AsyncIterator[tuple[int, JobEvent]]:
+    """The events of several jobs (an OpenAI request's n choices) as they come, each
+    tagged with its job's position; ends when every job has its result.
+
+    A reader that falls a whole buffer behind gets ``SlowReader``, or, with
+    ``resume_when_slow`` (clients that cannot resume themselves), carries on
+    from the job's stored history.
+    """
+    queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+
+    async def pump(position: int, job_id: str) -> None:
+        last = after
+        try:
+            while True:
+                try:
+                    async for event in fleet.store.events(job_id, last):
+                        if isinstance(event, TokenEvent):
+                            last = event.token_index
+                        await queue.put((position, event))
+                    break
+                except SlowReader:
+                    if not resume_when_slow:
+                        raise
+            await queue.put((position, _END))
+        except Exception as error:  # handed to the reader, which raises it
+            await queue.put((position, error))
+
+    pumps = [asyncio.create_task(pump(i, job_id)) for i, job_id in enumerate(job_ids)]
+    try:
+        remaining = len(pumps)
+        while remaining:
+            position, item = await queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield position, item  # type: ignore[misc]
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+def event_stream(
+    fleet: Fleet,
+    events: AsyncIterator[ServerSentEvent],
+    on_hang_up: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> EventSourceResponse:
+    """An SSE response with keep-alive comments, counted while open. ``on_hang_up`` runs
+    (in the background) when the client leaves before the events ran out."""
+    gauge = fleet.metrics.streams_open
+
+    async def counted() -> AsyncIterator[ServerSentEvent]:
+        gauge.inc()
+        finished = False
+        try:
+            async for event in events:
+                yield event
+            finished = True
+        finally:
+            gauge.dec()
+            if not finished and on_hang_up is not None:
+                # This generator is being cancelled: do the work in a task of its own.
+                fleet.spawn(on_hang_up())
+
+    return EventSourceResponse(counted(), ping=fleet.settings.sse_ping_s)

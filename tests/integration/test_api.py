@@ -1,0 +1,286 @@
+"""The HTTP API against a running worker (tiny model), the tansu broker and Redis."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+from openai import OpenAI
+from redis import Redis
+
+from genfleet.local_services import start_kafka
+from queue_schemas import JobStatus, Names
+from tests.integration.api_helpers import aread_events, auth, read_events, submit
+from tests.integration.conftest import ApiProcess, FleetProcess
+
+ALICE, BOB = "key-alice", "key-bob"
+
+
+@pytest.fixture(scope="module")
+def fleet(services, chat_model, tmp_path_factory):
+    """One worker on the tiny chat model and one API with two tenants, for this module."""
+    kafka, redis = services
+    prefix = f"m{uuid.uuid4().hex[:8]}."
+    logs = tmp_path_factory.mktemp("fleet")
+    common = [
+        "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
+        "--topic-prefix", prefix, "--jobs-partitions", "2",
+    ]  # fmt: skip
+    worker = FleetProcess(
+        "worker", [*common, "--model", str(chat_model), "--max-num-seqs", "64"], logs / "w.log"
+    )
+    api = ApiProcess(
+        [*common, "--api-keys", f"{ALICE}=alice,{BOB}=bob", "--max-body-bytes", "65536",
+         "--rate-limit-per-minute", "100000", "--max-outstanding-jobs", "1000"],
+        logs / "api.log",
+    )  # fmt: skip
+    yield api, worker, Names(prefix), redis.address
+    api.stop()
+    worker.stop()
+
+
+def _client(api: ApiProcess, key: str = ALICE) -> httpx.Client:
+    return httpx.Client(base_url=api.url, headers=auth(key), timeout=120)
+
+
+def test_job_lifecycle_and_resumable_events(fleet) -> None:
+    api, _, _, _ = fleet
+    with _client(api) as client:
+        job_id = submit(client, max_tokens=40)
+        first = read_events(client, job_id, stop_after=5)
+        assert first.ids == sorted(set(first.ids)) and len(first.ids) == 5
+        rest = read_events(client, job_id, last_event_id=first.ids[-1])
+        # Exactly the remaining events: no gap, no repeat.
+        assert rest.ids[0] > first.ids[-1]
+        assert first.ids + rest.ids == sorted(set(first.ids + rest.ids))
+        assert rest.final_event == "completed"
+        assert first.text + rest.text == rest.result.text
+        assert sum(len(e.token_ids) for e in first.tokens + rest.tokens) == 40
+
+        late = read_events(client, job_id)  # after the job finished: the whole history
+        assert late.text == rest.result.text and late.final_event == "completed"
+        assert late.ids == first.ids + rest.ids
+
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        assert view["status"] == "completed"
+        assert view["text"] == rest.result.text
+        assert view["usage"]["completion_tokens"] == 40
+
+
+def test_tenants_see_only_their_jobs_and_keys_are_required(fleet) -> None:
+    api, _, _, _ = fleet
+    with _client(api, ALICE) as alice, _client(api, BOB) as bob:
+        job_id = submit(alice, max_tokens=4)
+        assert alice.get(f"/v1/jobs/{job_id}").status_code == 200
+        for response in (
+            bob.get(f"/v1/jobs/{job_id}"),
+            bob.get(f"/v1/jobs/{job_id}/events"),
+            bob.delete(f"/v1/jobs/{job_id}"),
+        ):
+            assert response.status_code == 404
+            assert response.json()["error"]["code"] == "job_not_found"
+        assert httpx.get(f"{api.url}/v1/jobs/{job_id}").status_code == 401
+        wrong = httpx.get(f"{api.url}/v1/models", headers=auth("nope"))
+        assert wrong.status_code == 401
+        assert wrong.json()["error"]["type"] == "authentication_error"
+        metrics = alice.get("/metrics").text
+        assert 'route="/v1/jobs/{job_id}",status="404"' in metrics
+        assert 'route="/v1/models",status="401"' in metrics
+        assert 'genfleet:api_jobs_submitted_total{route="/v1/jobs"}' in metrics
+
+
+def test_bad_input_gets_field_errors_and_size_cap(fleet) -> None:
+    api, _, _, _ = fleet
+    with _client(api) as client:
+        response = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "temperature": 5},
+        )
+        assert response.status_code == 422
+        assert response.json()["error"]["param"] == "temperature"
+        assert "temperature" in response.json()["error"]["message"]
+        both = client.post("/v1/jobs", json={"prompt": "a", "prompt_token_ids": [1]})
+        assert both.status_code == 422 and "exactly one of" in both.json()["error"]["message"]
+        huge = client.post("/v1/jobs", json={"prompt": "x" * 100_000})
+        assert huge.status_code == 413
+        wrong_model = client.post("/v1/completions", json={"model": "gpt-9", "prompt": "a"})
+        assert wrong_model.status_code == 404
+        assert wrong_model.json()["error"]["code"] == "model_not_found"
+        bad_resume = client.get("/v1/jobs/x/events", headers={"Last-Event-ID": "abc"})
+        assert bad_resume.status_code == 422
+
+
+def test_delete_ends_a_running_jobs_stream_with_a_cancelled_event(fleet) -> None:
+    api, worker, _, _ = fleet
+    with _client(api) as client:
+        job_id = submit(client, max_tokens=900)
+        started = read_events(client, job_id, stop_after=3)
+        assert len(started.tokens) == 3
+        response = client.delete(f"/v1/jobs/{job_id}")
+        assert response.status_code == 202
+        rest = read_events(client, job_id, last_event_id=started.ids[-1])
+        assert rest.final_event == "cancelled"
+        assert rest.result.finish_reason == "abort"
+        assert rest.result.usage.completion_tokens < 900
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+        assert f"cancelling {job_id}" in worker.log()
+        assert client.delete(f"/v1/jobs/{job_id}").status_code == 409
+
+
+def test_openai_stream_closed_early_cancels_the_job_in_the_worker(fleet) -> None:
+    api, worker, _, _ = fleet
+    client = OpenAI(base_url=f"{api.url}/v1", api_key=ALICE)
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Count to a thousand."}],
+        max_tokens=900,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 4:
+            break
+    stream.close()
+    job_id = f"{chunks[0].id}-0"
+    with _client(api) as http:
+        deadline = time.monotonic() + 60
+        while http.get(f"/v1/jobs/{job_id}").json()["status"] != "cancelled":
+            assert time.monotonic() < deadline, "the job was not cancelled"
+            time.sleep(0.2)
+        result = read_events(http, job_id).result
+    assert result.finish_reason == "abort" and result.usage.completion_tokens < 900
+    assert f"cancelling {job_id}" in worker.log()
+
+
+def test_openai_request_abandoned_before_its_answer_cancels_the_job(fleet) -> None:
+    api, worker, _, _ = fleet
+    hung_up = "client hung up: cancelled "
+    before = api.log().count(hung_up)
+    body = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 900,
+            "ignore_eos": True}  # fmt: skip
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{api.url}/v1/chat/completions", json=body, headers=auth(ALICE), timeout=1.5)
+    deadline = time.monotonic() + 30
+    while api.log().count(hung_up) == before:
+        assert time.monotonic() < deadline, "the API did not notice the hang-up"
+        time.sleep(0.2)
+    job_id = api.log().split(hung_up)[-1].split()[0]
+    with _client(api) as client:
+        result = read_events(client, job_id).result
+    assert result.status is JobStatus.CANCELLED and result.usage.completion_tokens < 900
+    assert f"cancelling {job_id}" in worker.log()
+
+
+def test_200_concurrent_streams_share_one_pubsub_connection(fleet) -> None:
+    api, _, _, redis_url = fleet
+    redis = Redis.from_url(redis_url)
+    fanout_connections: list[int] = []
+    subscriptions: list[int] = []
+
+    def watch() -> None:
+        clients = redis.client_list()
+        fanout = [c for c in clients if c["name"] == "genfleet-api-fanout"]
+        fanout_connections.append(len(fanout))
+        subscriptions.append(sum(int(c["sub"]) for c in fanout))
+
+    async def scenario() -> list:
+        limits = httpx.Limits(max_connections=250)
+        async with httpx.AsyncClient(
+            base_url=api.url, headers=auth(ALICE), timeout=180, limits=limits
+        ) as client:
+            body = {"messages": [{"role": "user", "content": "Hello"}],
+                    "sampling": {"max_tokens": 48, "ignore_eos": True}}  # fmt: skip
+            posts = await asyncio.gather(*(client.post("/v1/jobs", json=body) for _ in range(200)))
+            assert all(p.status_code == 202 for p in posts)
+            streams = asyncio.gather(*(aread_events(client, p.json()["id"]) for p in posts))
+            while not streams.done():
+                await asyncio.to_thread(watch)
+                await asyncio.sleep(0.1)
+            return await streams
+
+    results = asyncio.run(scenario())
+    assert len(results) == 200
+    for streamed in results:
+        assert streamed.final_event == "completed"
+        assert streamed.text == streamed.result.text
+        assert sum(len(e.token_ids) for e in streamed.tokens) == 48
+    assert max(fanout_connections) == 1
+    assert max(subscriptions) > 50  # many job channels, all on that one connection
+    api_connections = [c for c in redis.client_list() if c["name"] == "genfleet-api"]
+    assert len(api_connections) <= 32
+    redis.close()
+
+
+def test_genfleet_submit_prints_tokens_as_they_arrive(fleet) -> None:
+    api, _, _, _ = fleet
+    result = subprocess.run(
+        [sys.executable, "-m", "genfleet.cli", "submit", "Hello there", "--stream",
+         "--url", api.url, "--api-key", ALICE, "--max-tokens", "12"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip()) > 0
+    queued = subprocess.run(
+        [sys.executable, "-m", "genfleet.cli", "submit", "Hi", "--url", api.url,
+         "--api-key", ALICE, "--max-tokens", "2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert json.loads(queued.stdout)["status"] == "queued"
+
+
+def test_limits_answer_429_with_retry_after(start_api, tmp_path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(
+        json.dumps(
+            {
+                "k-rate": {"tenant": "rate", "rate_limit_per_minute": 3},
+                "k-busy": {"tenant": "busy", "max_outstanding_jobs": 2},
+            }
+        )
+    )
+    api = start_api("--api-keys-file", str(keys))  # no worker: jobs stay queued
+    with _client(api, "k-rate") as rate, _client(api, "k-busy") as busy:
+        for _ in range(3):
+            submit(rate)
+        refused = rate.post("/v1/jobs", json={"prompt": "a"})
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+
+        first, _ = submit(busy), submit(busy)
+        over = busy.post("/v1/jobs", json={"prompt": "a"})
+        assert over.status_code == 429 and "Retry-After" in over.headers
+        assert over.json()["error"]["code"] == "too_many_outstanding_jobs"
+        # A queued job cancelled ends at once (no worker needed) and frees its place.
+        cancelled = busy.delete(f"/v1/jobs/{first}")
+        assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled"
+        assert read_events(busy, first).final_event == "cancelled"
+        submit(busy)
+
+
+def test_broker_down_answers_503_with_retry_after(start_api) -> None:
+    kafka = start_kafka()
+    try:
+        api = start_api(
+            "--kafka-send-timeout-s", "2", "--retry-after-s", "7", kafka_address=kafka.address
+        )
+        with httpx.Client(base_url=api.url, timeout=30) as client:
+            job_id = submit(client)
+            assert client.get("/readyz").status_code == 200
+            kafka.stop()
+            refused = client.post("/v1/jobs", json={"prompt": "a"})
+            assert refused.status_code == 503
+            assert refused.headers["Retry-After"] == "7"
+            assert refused.json()["error"]["code"] == "queue_unavailable"
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["kafka"] is False
+            assert client.get(f"/v1/jobs/{job_id}").json()["status"] == JobStatus.QUEUED
+            assert client.get("/healthz").status_code == 200
+    finally:
+        kafka.stop()

@@ -1,0 +1,113 @@
+"""OpenAI request bodies into fleet jobs, and responses from fleet results (no services)."""
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from producer_api.auth import KeyRing
+from producer_api.errors import ApiError
+from producer_api.openai_format import ChatShape, TextShape, usage_body
+from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest
+from producer_api.settings import ApiSettings
+from queue_schemas import JobResult, JobStatus, TokenEvent, Usage
+
+
+def _chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
+
+
+def test_choices_get_consecutive_seeds_and_openai_names_map_to_sampling() -> None:
+    request = _chat(n=3, seed=7, stop="END", max_completion_tokens=9, max_tokens=99, top_k=5)
+    options = [request.sampling(choice) for choice in range(3)]
+    assert [o.seed for o in options] == [7, 8, 9]
+    assert options[0].stop == ["END"]
+    assert options[0].max_tokens == 9  # max_completion_tokens wins over the older name
+    assert options[0].top_k == 5
+    assert options[0].temperature == 1.0  # OpenAI's default when left out
+
+
+def test_logprobs_flags_become_the_number_of_alternatives() -> None:
+    assert _chat().sampling(0).logprobs is None
+    assert _chat(logprobs=True).sampling(0).logprobs == 0
+    assert _chat(logprobs=True, top_logprobs=3).sampling(0).logprobs == 3
+    with pytest.raises(ValidationError, match="top_logprobs needs logprobs"):
+        _chat(top_logprobs=3)
+    assert CompletionRequest(prompt="x", logprobs=2).sampling(0).logprobs == 2
+
+
+def test_every_prompt_form_of_completions() -> None:
+    assert CompletionRequest(prompt="a").prompts() == ["a"]
+    assert CompletionRequest(prompt=["a", "b"]).prompts() == ["a", "b"]
+    assert CompletionRequest(prompt=[1, 2]).prompts() == [[1, 2]]
+    assert CompletionRequest(prompt=[[1], [2, 3]]).prompts() == [[1], [2, 3]]
+    with pytest.raises(ValidationError):
+        CompletionRequest(prompt=[])
+
+
+def test_developer_role_and_text_parts_become_plain_chat_messages() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    request = ChatCompletionRequest(
+        messages=[{"role": "developer", "content": "be brief"}, {"role": "user", "content": parts}]
+    )
+    messages = [m.as_chat_message() for m in request.messages]
+    assert [(m.role, m.content) for m in messages] == [("system", "be brief"), ("user", "ab")]
+
+
+def _result(prompt: int, completion: int) -> JobResult:
+    return JobResult(
+        job_id="j",
+        status=JobStatus.COMPLETED,
+        usage=Usage(prompt_tokens=prompt, completion_tokens=completion),
+    )
+
+
+def test_usage_counts_each_prompt_once_and_every_completion() -> None:
+    # Two prompts with two choices each: prompts of 10 and 20 tokens.
+    results = [_result(10, 3), _result(10, 4), _result(20, 5), _result(20, 6)]
+    usage = usage_body(results, choices_per_prompt=2)
+    assert usage["prompt_tokens"] == 30
+    assert usage["completion_tokens"] == 18
+    assert usage["total_tokens"] == 48
+
+
+def test_logprobs_shapes_rank_alternatives_and_name_tokens() -> None:
+    event = TokenEvent.model_validate_json(
+        json.dumps(
+            {
+                "job_id": "j", "token_index": 0, "text": "ab", "token_ids": [5, 6],
+                "logprobs": [{"5": -0.5, "9": -0.1, "7": -2.0}, {"6": -0.2}],
+                "token_texts": {"5": "a", "6": "b", "7": "c", "9": "z"},
+            }
+        )
+    )  # fmt: skip
+    content = ChatShape(top_logprobs=2).delta(0, event)["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["a", "b"]
+    assert content[0]["logprob"] == -0.5
+    assert [t["token"] for t in content[0]["top_logprobs"]] == ["z", "a"]
+    text = TextShape(top_logprobs=1).delta(0, event)["logprobs"]
+    assert text["tokens"] == ["a", "b"]
+    assert text["top_logprobs"][0] == {"z": -0.1}
+    assert text["text_offset"] == [0, 1]
+
+
+def test_key_ring_from_environment_and_file(tmp_path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"k2": "bob", "k3": {"tenant": "carol", "max_outstanding_jobs": 2}}))
+    ring = KeyRing(ApiSettings(api_keys="k1=alice", api_keys_file=keys))
+    assert ring.tenant("k1").tenant == "alice"
+    assert ring.tenant("k2").tenant == "bob"
+    assert ring.max_outstanding(ring.tenant("k3")) == 2
+    assert ring.max_outstanding(ring.tenant("k1")) == ApiSettings().max_outstanding_jobs
+    for wrong in (None, "", "k4", "k1 "):
+        with pytest.raises(ApiError) as refused:
+            ring.tenant(wrong)
+        assert refused.value.status == 401
+    with pytest.raises(ValueError, match="KEY=TENANT"):
+        KeyRing(ApiSettings(api_keys="just-a-key"))
+
+
+def test_without_keys_everyone_is_the_default_tenant() -> None:
+    ring = KeyRing(ApiSettings(api_keys=""))
+    assert ring.open
+    assert ring.tenant(None).tenant == "default"
