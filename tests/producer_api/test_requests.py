@@ -111,3 +111,10 @@ def test_without_keys_everyone_is_the_default_tenant() -> None:
     ring = KeyRing(ApiSettings(api_keys=""))
     assert ring.open
     assert ring.tenant(None).tenant == "default"
+
+
+def test_without_keys_the_api_listens_on_loopback_only() -> None:
+    from producer_api.app import listen_address
+
+    assert listen_address(ApiSettings(host="0.0.0.0", api_keys="")) == "127.0.0.1"
+    assert listen_address(ApiSettings(host="0.0.0.0", api_keys="k=alice")) == "0.0.0.0"
