@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = logging.getLogger("genfleet.api")
 CLIENT_NAME = "genfleet-api-fanout"
+CONFIRM_TIMEOUT_S = 5.0
 
 
 class SlowReader(Exception):
@@ -79,13 +81,18 @@ class LiveFanout:
     @contextlib.asynccontextmanager
     async def listen(self, channel_name: str) -> AsyncIterator[Listener]:
         listener = Listener(self.buffer)
-        channel = self.channels.get(channel_name)
-        if channel is None:
-            channel = self.channels[channel_name] = _Channel()
-            await self.pubsub.subscribe(channel_name)
+        new = channel_name not in self.channels
+        channel = self.channels.setdefault(channel_name, _Channel())
         channel.listeners.add(listener)
         try:
-            await channel.confirmed.wait()
+            if new:
+                await self.pubsub.subscribe(channel_name)
+            try:
+                await asyncio.wait_for(channel.confirmed.wait(), CONFIRM_TIMEOUT_S)
+            except TimeoutError as error:
+                raise RedisConnectionError(
+                    f"no SUBSCRIBE confirmation for {channel_name}"
+                ) from error
             yield listener
         finally:
             channel.listeners.discard(listener)
