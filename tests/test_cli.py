@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(code: str) -> str:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -19,14 +21,17 @@ def test_building_the_command_line_imports_no_torch() -> None:
     assert _run(code) == "[]"
 
 
-def test_worker_help_lists_every_setting_with_its_environment_name() -> None:
+@pytest.mark.parametrize("command", ["worker", "api"])
+def test_help_lists_every_setting_with_its_environment_name(command: str) -> None:
+    from producer_api.settings import ApiSettings
     from worker.service.settings import WorkerSettings
 
+    settings = {"worker": WorkerSettings, "api": ApiSettings}[command]
     result = subprocess.run(
-        [sys.executable, "-m", "genfleet.cli", "worker", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "genfleet.cli", command, "--help"], capture_output=True, text=True
     )
     help_text = " ".join(result.stdout.split())
-    for name in WorkerSettings.model_fields:
+    for name in settings.model_fields:
         assert f"--{name.replace('_', '-')}" in help_text
         assert f"GENFLEET_{name.upper()}" in help_text
 
