@@ -1,5 +1,6 @@
 """``/v1/jobs``: submit, look up, stream and cancel asynchronous jobs."""
 
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
@@ -113,7 +114,7 @@ async def job_events(
     await fleet.store.state(job_id, tenant.tenant)
     after = -1 if last_event_id is None else last_event_id
 
-    async def events():
+    async def events() -> AsyncIterator[ServerSentEvent]:
         last = after
         try:
             async for _, event in merged_events(fleet, [job_id], after):

@@ -109,7 +109,9 @@ async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Re
     return JSONResponse(run.body(run.shape.object, choices=choices, usage=usage))
 
 
-async def _chunks(fleet: Fleet, run: Run, include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+async def _chunks(
+    fleet: Fleet, tenant: Tenant, run: Run, include_usage: bool
+) -> AsyncIterator[ServerSentEvent]:
     """The SSE chunks of a streamed run, then ``[DONE]``; a failed job ends the stream
     with an error object, as OpenAI's API does."""
     shape = run.shape
@@ -127,6 +129,8 @@ async def _chunks(fleet: Fleet, run: Run, include_usage: bool) -> AsyncIterator[
         if isinstance(event, TokenEvent):
             yield chunk(shape.delta(position, event))
         elif event.status is JobStatus.FAILED:
+            # The other choices are of no use now: free their blocks too.
+            await _cancel_all(fleet, tenant, run)()
             yield ServerSentEvent(json.dumps(error_body(event.error or "failed", "job_failed")))
             break
         else:
@@ -157,7 +161,7 @@ async def _respond(
 ) -> Response:
     await fleet.submit(tenant, run.jobs, route=request.url.path)
     if body.stream:
-        chunks = _chunks(fleet, run, body.include_usage)
+        chunks = _chunks(fleet, tenant, run, body.include_usage)
         return event_stream(fleet, chunks, on_hang_up=_cancel_all(fleet, tenant, run))
     return await _whole(fleet, tenant, run, request)
 

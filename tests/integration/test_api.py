@@ -112,6 +112,15 @@ def test_bad_input_gets_field_errors_and_size_cap(fleet) -> None:
         assert wrong_model.json()["error"]["code"] == "model_not_found"
         bad_resume = client.get("/v1/jobs/x/events", headers={"Last-Event-ID": "abc"})
         assert bad_resume.status_code == 422
+        # Only the worker knows the context length: its refusal comes back as a 400 ...
+        too_long = {"prompt": [5] * 1100, "max_tokens": 2}
+        refused = client.post("/v1/completions", json=too_long)
+        assert refused.status_code == 400 and "context" in refused.json()["error"]["message"]
+        # ... or, in a stream, as an error object before [DONE].
+        with client.stream("POST", "/v1/completions", json={**too_long, "stream": True}) as s:
+            lines = [line for line in s.iter_lines() if line.startswith("data:")]
+        assert "context" in json.loads(lines[-2][len("data:") :])["error"]["message"]
+        assert lines[-1] == "data: [DONE]"
 
 
 def test_delete_ends_a_running_jobs_stream_with_a_cancelled_event(fleet) -> None:
