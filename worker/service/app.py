@@ -12,6 +12,7 @@ so a worker that dies loses nothing: the job is redelivered and regenerated.
 """
 
 import asyncio
+import itertools
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.worker")
 COMMIT_INTERVAL_S = 1.0
+ATTEMPT_SEPARATOR = "#"  # never in a job id (see queue_schemas.jobs.JobId)
 FETCH_TIMEOUT_MS = 200
 
 
@@ -54,10 +56,16 @@ class InFlight:
     partition: TopicPartition
     offset: int
     started_at: datetime
+    # The engine's id for this attempt at the job: a job dropped on a rebalance and
+    # delivered to this worker again is a new attempt, so late deltas of the old
+    # one (its abort) are never taken for the new one's.
+    request_id: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    # Set when the job is dropped for another owner (rebalance, shutdown): no result.
-    abandoned: bool = False
+
+
+def _job_id_of(request_id: str) -> str:
+    return request_id.rpartition(ATTEMPT_SEPARATOR)[0]
 
 
 def _epoch(seconds: float | None) -> datetime | None:
@@ -89,6 +97,7 @@ class WorkerService:
         self.failed = False
         self._deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
         self._committed: dict[TopicPartition, int] = {}
+        self._attempts = itertools.count()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -209,8 +218,11 @@ class WorkerService:
             self.offsets.done(partition, offset)
             return
         # Claimed before the first await, so a duplicate in the same batch is skipped.
-        self.jobs[job.job_id] = InFlight(job, partition, offset, now())
-        reason = await self._refusal(job)
+        flight = InFlight(
+            job, partition, offset, now(), f"{job.job_id}{ATTEMPT_SEPARATOR}{next(self._attempts)}"
+        )
+        self.jobs[job.job_id] = flight
+        reason = await self._refusal(flight)
         if reason is not None:
             del self.jobs[job.job_id]
             if reason:
@@ -224,15 +236,18 @@ class WorkerService:
             )
         )
 
-    async def _refusal(self, job: JobRequest) -> str | None:
+    async def _refusal(self, flight: InFlight) -> str | None:
         """None: the engine took the job; "": nothing to do; otherwise why it cannot run."""
+        job = flight.job
         if await self.publisher.is_final_or_cancelled(job.job_id):
             return ""
         if job.deadline and job.deadline < now():
             return "deadline passed"
         try:
             prompt = engine_prompt(job, self.engine.tokenizer)
-            await self.engine_thread.add(job.job_id, prompt, sampling_params(job), job.priority)
+            await self.engine_thread.add(
+                flight.request_id, prompt, sampling_params(job), job.priority
+            )
         except ValueError as error:
             return str(error)
         return None
@@ -283,9 +298,9 @@ class WorkerService:
             deltas = await self._deltas.get()
             events, results = [], []
             for delta in deltas:
-                flight = self.jobs.get(delta.request_id)
-                if flight is None or flight.abandoned:
-                    continue
+                flight = self.jobs.get(_job_id_of(delta.request_id))
+                if flight is None or flight.request_id != delta.request_id:
+                    continue  # a job dropped for another owner, or an earlier attempt
                 events += self._event(flight, delta)
                 if delta.finished:
                     results.append(self._result(flight, delta))
@@ -372,15 +387,13 @@ class WorkerService:
                     continue
                 if job_id in self.jobs:
                     log.info("cancelling %s", job_id)
-                    self.engine_thread.abort(job_id)
+                    self.engine_thread.abort(self.jobs[job_id].request_id)
         finally:
             await pubsub.aclose()
 
     def _abandon(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
-            self.jobs[job_id].abandoned = True
-            self.engine_thread.abort(job_id)
-            del self.jobs[job_id]
+            self.engine_thread.abort(self.jobs.pop(job_id).request_id)
 
     async def release(self, revoked: set[TopicPartition]) -> None:
         """Partitions taken away: commit what is done, leave the rest to the next owner."""
