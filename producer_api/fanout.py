@@ -64,7 +64,7 @@ class LiveFanout:
         self._reader: asyncio.Task | None = None
 
     async def start(self) -> None:
-        await self.pubsub.subscribe(self.home_channel)
+        """Start reading; Redis may still be away (the API starts anyway, /readyz says so)."""
         self._reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
@@ -103,9 +103,11 @@ class LiveFanout:
     async def _read(self) -> None:
         while True:
             try:
+                if not self.pubsub.subscribed:
+                    await self.pubsub.subscribe(self.home_channel)
                 message = await self.pubsub.get_message(timeout=1.0)
-            except Exception:  # Redis gone for a moment: readers re-check the streams
-                log.exception("live fan-out read failed; retrying")
+            except Exception as error:  # Redis away: readers re-check the streams
+                log.warning("live fan-out: %r; retrying", error)
                 await asyncio.sleep(1.0)
                 continue
             if message is None:

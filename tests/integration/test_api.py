@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from redis import Redis
 
-from genfleet.local_services import start_kafka
+from genfleet.local_services import free_port, start_kafka
 from queue_schemas import JobStatus, Names
 from tests.integration.api_helpers import aread_events, auth, read_events, submit
 from tests.integration.conftest import ApiProcess, FleetProcess
@@ -293,3 +293,14 @@ def test_broker_down_answers_503_with_retry_after(start_api) -> None:
             assert client.get("/healthz").status_code == 200
     finally:
         kafka.stop()
+
+
+def test_the_api_starts_without_redis_and_answers_503(start_api) -> None:
+    api = start_api("--redis-url", f"redis://127.0.0.1:{free_port()}/0", "--retry-after-s", "4")
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        assert client.get("/healthz").status_code == 200
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["redis"] is False
+        refused = client.post("/v1/jobs", json={"prompt": "a"})
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "4"
+        assert refused.json()["error"]["code"] == "state_unavailable"
