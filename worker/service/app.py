@@ -12,6 +12,7 @@ so a worker that dies loses nothing: the job is redelivered and regenerated.
 """
 
 import asyncio
+import enum
 import itertools
 import logging
 import signal
@@ -62,6 +63,12 @@ class InFlight:
     request_id: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+
+
+class Admission(enum.Enum):
+    ACCEPTED = "accepted"
+    # Final already, or cancelled before it started (a redelivery): nothing to do.
+    ALREADY_SERVED = "already served"
 
 
 def _job_id_of(request_id: str) -> str:
@@ -222,25 +229,25 @@ class WorkerService:
             job, partition, offset, now(), f"{job.job_id}{ATTEMPT_SEPARATOR}{next(self._attempts)}"
         )
         self.jobs[job.job_id] = flight
-        reason = await self._refusal(flight)
-        if reason is not None:
-            del self.jobs[job.job_id]
-            if reason:
-                await self._dead_letter(partition, offset, raw, reason, job.job_id, job.tenant)
-            else:
-                self.offsets.done(partition, offset)  # redelivered and already served
-            return
-        await self.publisher.set_state(
-            JobState(
-                job_id=job.job_id, tenant=job.tenant, status=JobStatus.RUNNING, updated_at=now()
+        outcome = await self._admit(flight)
+        if outcome is Admission.ACCEPTED:
+            await self.publisher.set_state(
+                JobState(
+                    job_id=job.job_id, tenant=job.tenant, status=JobStatus.RUNNING, updated_at=now()
+                )
             )
-        )
+            return
+        del self.jobs[job.job_id]
+        if outcome is Admission.ALREADY_SERVED:
+            self.offsets.done(partition, offset)
+        else:
+            await self._dead_letter(partition, offset, raw, outcome, job.job_id, job.tenant)
 
-    async def _refusal(self, flight: InFlight) -> str | None:
-        """None: the engine took the job; "": nothing to do; otherwise why it cannot run."""
+    async def _admit(self, flight: InFlight) -> Admission | str:
+        """Hand the job to the engine; a text is why it cannot run (for the dead letter)."""
         job = flight.job
         if await self.publisher.is_final_or_cancelled(job.job_id):
-            return ""
+            return Admission.ALREADY_SERVED
         if job.deadline and job.deadline < now():
             return "deadline passed"
         try:
@@ -250,7 +257,7 @@ class WorkerService:
             )
         except ValueError as error:
             return str(error)
-        return None
+        return Admission.ACCEPTED
 
     async def _dead_letter(
         self,
