@@ -66,7 +66,7 @@ class Fleet:
         started = time.perf_counter()
         await self.limits.admit(
             tenant.tenant,
-            len(jobs),
+            [job.job_id for job in jobs],
             per_minute=self.keys.rate_limit(tenant),
             max_outstanding=self.keys.max_outstanding(tenant),
         )

@@ -56,14 +56,13 @@ class JobStore:
         self.settings = settings
 
     async def record_queued(self, jobs: list[JobRequest]) -> None:
-        """State ``queued`` and a place among the tenant's unfinished jobs, before Kafka."""
+        """State ``queued`` (the limits reserved the jobs' places), before Kafka."""
         pipe = self.redis.pipeline(transaction=True)
         for job in jobs:
             state = JobState(
                 job_id=job.job_id, tenant=job.tenant, status=JobStatus.QUEUED, updated_at=now()
             )
             write_state(pipe, self.names, state, self.settings.result_ttl_s)
-            pipe.zadd(self.names.tenant_jobs_key(job.tenant), {job.job_id: job_timestamp(job)})
         await pipe.execute()
 
     async def forget(self, jobs: list[JobRequest]) -> None:
@@ -150,7 +149,3 @@ class JobStore:
             write_state(pipe, self.names, state, ttl)
         await pipe.execute()
         return state, result
-
-
-def job_timestamp(job: JobRequest) -> float:
-    return (job.created_at or now()).timestamp()

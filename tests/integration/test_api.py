@@ -250,6 +250,7 @@ def test_limits_answer_429_with_retry_after(start_api, tmp_path) -> None:
             {
                 "k-rate": {"tenant": "rate", "rate_limit_per_minute": 3},
                 "k-busy": {"tenant": "busy", "max_outstanding_jobs": 2},
+                "k-crowd": {"tenant": "crowd", "max_outstanding_jobs": 5},
             }
         )
     )
@@ -271,6 +272,14 @@ def test_limits_answer_429_with_retry_after(start_api, tmp_path) -> None:
         assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled"
         assert read_events(busy, first).final_event == "cancelled"
         submit(busy)
+
+    async def crowd() -> list[int]:
+        async with httpx.AsyncClient(base_url=api.url, headers=auth("k-crowd")) as client:
+            posts = [client.post("/v1/jobs", json={"prompt": "a"}) for _ in range(20)]
+            return [response.status_code for response in await asyncio.gather(*posts)]
+
+    # Arriving together, exactly as many as the limit get in.
+    assert sorted(asyncio.run(crowd())) == [202] * 5 + [429] * 15
 
 
 def test_broker_down_answers_503_with_retry_after(start_api) -> None:
