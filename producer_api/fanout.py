@@ -74,10 +74,6 @@ class LiveFanout:
         await self.pubsub.aclose()
         await self.redis.aclose()
 
-    @property
-    def listener_count(self) -> int:
-        return sum(len(channel.listeners) for channel in self.channels.values())
-
     @contextlib.asynccontextmanager
     async def listen(self, channel_name: str) -> AsyncIterator[Listener]:
         listener = Listener(self.buffer)

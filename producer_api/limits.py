@@ -22,7 +22,8 @@ OUTSTANDING_RETRY_AFTER_S = 1
 # A reserved job has no hash for the few milliseconds until it is recorded; a job
 # without a hash for longer than this is gone (expired, or never produced).
 RECORD_GRACE_S = 30
-ADMITTED, OVER_RATE, OVER_OUTSTANDING = 0, 1, 2
+# The script's verdicts (0: admitted).
+OVER_RATE, OVER_OUTSTANDING = 1, 2
 
 # KEYS: rate counter, tenant's job set.
 # ARGV: per_minute, window ttl, max_outstanding, job key prefix, now, grace,

@@ -7,9 +7,10 @@ as chunks, and a client that hangs up cancels its jobs.
 """
 
 import asyncio
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
 log = logging.getLogger("genfleet.api")
 router = APIRouter(prefix="/v1", tags=["openai"])
 DISCONNECT_CHECK_S = 1.0
+HUNG_UP = "client hung up"
 
 
 @dataclass
@@ -97,7 +99,7 @@ async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Re
         await asyncio.wait({collecting}, timeout=DISCONNECT_CHECK_S)
         if not collecting.done() and await request.is_disconnected():
             collecting.cancel()
-            await _cancel_all(fleet, tenant, run)()
+            await _cancel_all(fleet, tenant, run, HUNG_UP)
             return Response(status_code=499)  # nobody reads it: nginx's "client closed"
     results, events = collecting.result()
     ordered = [results[position] for position in range(len(run.jobs))]
@@ -130,7 +132,7 @@ async def _chunks(
             yield chunk(shape.delta(position, event))
         elif event.status is JobStatus.FAILED:
             # The other choices are of no use now: free their blocks too.
-            await _cancel_all(fleet, tenant, run)()
+            await _cancel_all(fleet, tenant, run, "a sibling choice failed")
             yield ServerSentEvent(json.dumps(error_body(event.error or "failed", "job_failed")))
             break
         else:
@@ -144,16 +146,14 @@ async def _chunks(
     yield ServerSentEvent("[DONE]")
 
 
-def _cancel_all(fleet: Fleet, tenant: Tenant, run: Run) -> Callable[[], Coroutine]:
-    async def cancel() -> None:
-        for job_id in run.job_ids:
-            try:
-                await fleet.cancel(tenant, job_id)
-                log.info("client hung up: cancelled %s", job_id)
-            except ApiError:
-                pass  # finished already
-
-    return cancel
+async def _cancel_all(fleet: Fleet, tenant: Tenant, run: Run, why: str) -> None:
+    """Cancel the run's unfinished jobs, so their KV blocks serve others."""
+    for job_id in run.job_ids:
+        try:
+            await fleet.cancel(tenant, job_id)
+            log.info("%s: cancelled %s", why, job_id)
+        except ApiError:
+            pass  # finished already
 
 
 async def _respond(
@@ -162,7 +162,8 @@ async def _respond(
     await fleet.submit(tenant, run.jobs, route=request.url.path)
     if body.stream:
         chunks = _chunks(fleet, tenant, run, body.include_usage)
-        return event_stream(fleet, chunks, on_hang_up=_cancel_all(fleet, tenant, run))
+        hang_up = functools.partial(_cancel_all, fleet, tenant, run, HUNG_UP)
+        return event_stream(fleet, chunks, on_hang_up=hang_up)
     return await _whole(fleet, tenant, run, request)
 
 
