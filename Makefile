@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	# Redis for the integration tests and the local fleet: the system package.
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+	# A C++ compiler for the CPU kernels (kernels/native), built on first use.
+	command -v g++ >/dev/null || (apt-get update && apt-get install -y g++)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.

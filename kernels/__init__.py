@@ -1,4 +1,5 @@
-"""Compute ops for the engine: one dispatch point, a torch reference per op.
+"""Compute ops for the engine: one dispatch point; per op a torch reference,
+a Triton kernel (CUDA) and a native C++ one (CPU hosts).
 
 Every op has the same signature in every implementation; the engine imports
 only the names below and never chooses an implementation itself.

@@ -1,33 +1,65 @@
 """The one place that picks an implementation for each op.
 
-CUDA tensors run the Triton kernels, CPU tensors run the torch references.
-``GENFLEET_KERNELS=triton`` forces Triton everywhere (on CPU that needs
-``TRITON_INTERPRET=1`` set before the process starts); ``GENFLEET_KERNELS=torch``
-forces the references.
+CUDA tensors run the Triton kernels. CPU tensors run ``kernels.native``
+(C++ built on first use with the host's compiler) or, where it cannot be
+built, the torch references. ``GENFLEET_KERNELS`` forces one:
+``triton`` (on CPU that needs ``TRITON_INTERPRET=1`` set before the process
+starts), ``native`` (CPU only; a failed build is then an error) or ``torch``.
 """
 
+import logging
 import os
+from functools import cache
 from types import ModuleType
 
 import torch
 
 from kernels import reference
 
-_BACKENDS = ("auto", "torch", "triton")
+_BACKENDS = ("auto", "torch", "native", "triton")
+log = logging.getLogger(__name__)
+
+
+@cache
+def _native_builds() -> bool:
+    from kernels.native import NativeKernelsUnavailable, load_library
+
+    try:
+        load_library()
+    except NativeKernelsUnavailable as error:
+        log.warning("native CPU kernels unavailable, running the torch references: %s", error)
+        return False
+    return True
 
 
 def kernel_backend(device: torch.device) -> str:
-    """Name of the implementation that ops on ``device`` run: "torch" or "triton"."""
-    choice = os.environ.get("GENFLEET_KERNELS", "auto").lower()
+    """Name of the implementation that ops on ``device`` run: "torch", "native" or "triton".
+
+    Read for every op call (tests switch ``GENFLEET_KERNELS``); the answer is cached.
+    """
+    return _backend(os.environ.get("GENFLEET_KERNELS", "auto").lower(), device.type)
+
+
+@cache
+def _backend(choice: str, device_type: str) -> str:
     if choice not in _BACKENDS:
         raise ValueError(f"GENFLEET_KERNELS must be one of {_BACKENDS}, got {choice!r}")
     if choice == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device_type == "cuda":
+            return "triton"
+        return "native" if device_type == "cpu" and _native_builds() else "torch"
+    if choice == "native" and device_type != "cpu":
+        raise ValueError(f"GENFLEET_KERNELS=native runs on CPU tensors only, not {device_type}")
     return choice
 
 
 def _impl(device: torch.device) -> ModuleType:
-    if kernel_backend(device) == "triton":
+    backend = kernel_backend(device)
+    if backend == "native":
+        from kernels import native
+
+        return native
+    if backend == "triton":
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             # Triton's own helpers (tl.sum, tl.max, ...) are built when triton is
             # first imported, so the interpreter cannot be switched on from here.

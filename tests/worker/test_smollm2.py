@@ -1,8 +1,11 @@
 """The real default model: answers, seeds, streaming text and stop strings."""
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
+from kernels import kernel_backend
+from kernels.native.linear import bf16_linear_available
 from worker import LLM, LLMEngine, SamplingParams
 from worker.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
@@ -22,6 +25,24 @@ def _chat(llm: LLM, question: str) -> str:
 def test_knows_the_capital_of_france(llm) -> None:
     out = llm.generate(_chat(llm, "What is the capital of France?"), SamplingParams(temperature=0))
     assert "Paris" in out[0].outputs[0].text
+
+
+@pytest.mark.skipif(
+    kernel_backend(torch.device("cpu")) != "native" or not bf16_linear_available(),
+    reason="needs the native kernels and a CPU with AVX512-BF16",
+)
+def test_bf16_answers_alike_alone_and_in_a_batch(smollm2_path) -> None:
+    """bf16 is the fast CPU path (native bf16 linears and attention). Every row's
+    arithmetic there is independent of the others in the step, so greedy tokens
+    do not depend on what else shares the batch."""
+    llm = LLM(str(smollm2_path), dtype="bfloat16")
+    questions = ("What is the capital of France?", "Name a fruit.", "Count to five.")
+    prompts = [_chat(llm, q) for q in questions]
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    together = llm.generate(prompts, greedy)
+    assert "Paris" in together[0].outputs[0].text
+    for prompt, out in zip(prompts, together, strict=True):
+        assert llm.generate(prompt, greedy)[0].outputs[0].token_ids == out.outputs[0].token_ids
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(llm) -> None:

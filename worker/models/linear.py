@@ -1,39 +1,64 @@
-"""A Linear layer whose weight is re-laid out once for oneDNN on CPU hosts.
+"""Linear layers whose weights are re-laid out once for the CPU.
 
-oneDNN's blocked weight layout makes the small-batch matmuls of decoding
-1.5x (bf16) to 2x (fp32) faster on CPU than ``F.linear`` on the plain
-weight. The packed copy is made after the weights are loaded; on other
-devices, or where oneDNN is missing, the layer is a plain ``nn.Linear``.
+On CPU hosts the small-batch matmuls of decoding are a stream over the
+weights, and the plain row-major weight is not the fastest way to read them:
+- bf16 on a CPU with AVX512-BF16: the native kernel's streaming layout
+  (``kernels.native.linear``), 2x oneDNN at one row, even at 512;
+- otherwise oneDNN's blocked layout, 1.5x (bf16) to 2x (fp32) ``F.linear``.
+The packed copy is made after the weights are loaded; on other devices, or
+where neither applies, the layer is a plain ``nn.Linear``.
 """
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import kernel_backend
+
 # oneDNN picks its blocking for this batch size; decode batches are about this big.
 PACK_BATCH_HINT = 32
 
-
-def onednn_available(device: torch.device) -> bool:
-    return device.type == "cpu" and torch.backends.mkldnn.is_available()
+PackedLinear = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
+def _native_bf16(weight: torch.Tensor) -> PackedLinear | None:
+    if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
+        return None
+    from kernels.native.linear import PackedBf16Weight, bf16_linear, bf16_linear_available
+
+    if not bf16_linear_available():
+        return None
+    packed = PackedBf16Weight(weight)
+    return lambda x, bias: bf16_linear(x, packed, bias)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def _onednn(weight: torch.Tensor) -> PackedLinear | None:
+    if not torch.backends.mkldnn.is_available():
+        return None
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
+    return lambda x, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
+    """The fastest re-laid-out form of ``weight`` for this host, or None (use ``F.linear``)."""
+    if weight.device.type != "cpu":
+        return None
+    if kernel_backend(weight.device) == "native":
+        packed = _native_bf16(weight)
+        if packed is not None:
+            return packed
+    return _onednn(weight)
 
 
 class Linear(nn.Linear):
-    packed_weight: torch.Tensor | None = None
+    packed: PackedLinear | None = None
 
     def pack(self) -> None:
-        if onednn_available(self.weight.device):
-            self.packed_weight = pack_weight(self.weight)
+        self.packed = pack_for_cpu(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is None:
+        if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        return packed_linear(x, self.packed_weight, self.bias)
+        return self.packed(x, self.bias)

@@ -11,7 +11,7 @@ from transformers import PretrainedConfig
 
 from kernels import paged_attention, rms_norm, rotary_embedding, silu_and_mul, write_kv_cache
 from worker.models.attention_metadata import AttentionMetadata
-from worker.models.linear import Linear, onednn_available, pack_weight, packed_linear
+from worker.models.linear import Linear, PackedLinear, pack_for_cpu
 from worker.models.rotary import cos_sin_cache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -150,15 +150,17 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_cache = torch.empty(0)
-        self.packed_output_weight: torch.Tensor | None = None
+        self.packed_output: PackedLinear | None = None
 
     def pack_weights(self) -> None:
         """Re-lay out every projection for the CPU matmul library (no-op elsewhere)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()
-        if onednn_available(self.output_weight.device):
-            self.packed_output_weight = pack_weight(self.output_weight)
+        if self.tie_word_embeddings:
+            self.packed_output = pack_for_cpu(self.output_weight)
+        else:
+            self.packed_output = self.lm_head.packed
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin table; separate from __init__ since models are built on meta."""
@@ -177,6 +179,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given hidden states (only the positions that sample)."""
-        if self.packed_output_weight is not None:
-            return packed_linear(hidden, self.packed_output_weight, None).float()
+        if self.packed_output is not None:
+            return self.packed_output(hidden, None).float()
         return torch.nn.functional.linear(hidden, self.output_weight).float()

@@ -1,0 +1,56 @@
+"""Paged attention on CPU tensors through the native library (see paged_attention.cpp)."""
+
+import ctypes
+
+import torch
+
+from kernels.native.build import NativeOp
+from kernels.native.tensors import native_dtype, row_stride
+from kernels.reference import paged_attention as reference_paged_attention
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_paged_attention = NativeOp("paged_attention", _P, _I, *[_P] * 5, *[_I] * 6, ctypes.c_float, _P)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Same contract as ``kernels.reference.paged_attention``; query rows may be strided."""
+    dtype = native_dtype(query, key_cache, value_cache)
+    query_stride = row_stride(query)
+    if dtype is None or query_stride is None:
+        return reference_paged_attention(
+            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+        )
+    key_cache, value_cache = key_cache.contiguous(), value_cache.contiguous()
+    block_tables = block_tables.to(torch.int32).contiguous()
+    seq_lens = seq_lens.to(torch.int64).contiguous()
+    query_start_loc = query_start_loc.to(torch.int64).contiguous()
+    num_tokens, num_heads, head_size = query.shape
+    out = torch.empty((num_tokens, num_heads, head_size), dtype=dtype)
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    _paged_attention(
+        dtype,
+        query.data_ptr(),
+        query_stride,
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        block_tables.data_ptr(),
+        seq_lens.data_ptr(),
+        query_start_loc.data_ptr(),
+        block_tables.shape[0],
+        num_heads,
+        num_kv_heads,
+        head_size,
+        block_size,
+        block_tables.shape[1],
+        scale,
+        out.data_ptr(),
+    )
+    return out
