@@ -1,7 +1,8 @@
 """Compile the native CPU kernels once per source version and machine, then load them.
 
 The library is built with the system C++ compiler (``$CXX``, else ``g++``) for
-this CPU (``-march=native``) into the genfleet cache folder, under a name that
+this CPU (``-march=native``, or ``$GENFLEET_NATIVE_MARCH``) into the genfleet
+cache folder, under a name that
 hashes the sources, the flags, the compiler and the CPU's feature flags, so a
 changed source or another machine sharing the folder gets its own build.
 Every entry point exists once per element type: ``<op>_float32``, ``<op>_bfloat16``.
@@ -24,8 +25,14 @@ HEADERS = (HERE / "dtypes.h",)
 # -ffast-math lets the compiler vectorise reductions and exp(). It is given only
 # when compiling: linked with it, a shared library turns on flush-to-zero for the
 # whole process as it loads, which would change torch's own arithmetic.
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
+COMPILE_FLAGS = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
+
+
+def _target() -> str:
+    """``-march`` for the build: this CPU unless ``GENFLEET_NATIVE_MARCH`` names another
+    (a fleet's common baseline, say ``x86-64-v3``, which has no AVX-512)."""
+    return os.environ.get("GENFLEET_NATIVE_MARCH") or "native"
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -57,13 +64,13 @@ def _run(command: list[str]) -> None:
         )
 
 
-def _compile(compiler: str, target: Path) -> None:
+def _compile(compiler: str, flags: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         objects = []
         for source in SOURCES:
             objects.append(str(Path(work) / f"{source.stem}.o"))
-            _run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", objects[-1]])
+            _run([compiler, *flags, "-c", str(source), "-o", objects[-1]])
         # Link beside the target and rename: processes starting together never load half a file.
         partial = str(Path(work) / target.name)
         _run([compiler, *LINK_FLAGS, "-o", partial, *objects])
@@ -73,13 +80,12 @@ def _compile(compiler: str, target: Path) -> None:
 @cache
 def load_library() -> ctypes.CDLL:
     compiler = os.environ.get("CXX", "g++")
+    flags = [f"-march={_target()}", *COMPILE_FLAGS]
     texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256(
-        "\0".join([*texts, *COMPILE_FLAGS, *LINK_FLAGS, compiler, _cpu_flags()]).encode()
-    )
+    key = hashlib.sha256("\0".join([*texts, *flags, *LINK_FLAGS, compiler, _cpu_flags()]).encode())
     target = _build_dir() / f"genfleet_native_{key.hexdigest()[:16]}.so"
     if not target.exists():
-        _compile(compiler, target)
+        _compile(compiler, flags, target)
     return ctypes.CDLL(str(target))
 
 

@@ -87,7 +87,13 @@ void prefetch_rows(const T* rows, int64_t count, int64_t row_stride, int64_t dim
 // The two inner loops over head_size features. kDim is the head size when it is
 // known at compile time and a multiple of 32 (then AVX-512 registers hold the
 // rows), 0 otherwise (plain loops the compiler vectorises as it can).
-template <int64_t kDim, bool kVector = (kDim > 0 && kDim % 32 == 0)>
+#ifdef __AVX512F__
+constexpr bool kAvx512 = true;
+#else
+constexpr bool kAvx512 = false;
+#endif
+
+template <int64_t kDim, bool kVector = (kAvx512 && kDim > 0 && kDim % 32 == 0)>
 struct RowMath;
 
 template <int64_t kDim>

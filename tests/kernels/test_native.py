@@ -7,6 +7,11 @@ results to bf16 where the native ops round once.
 """
 
 import logging
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,3 +184,35 @@ def test_loading_the_library_leaves_denormals_alone() -> None:
     tiny = torch.tensor([1e-40], dtype=torch.float32)  # a float32 denormal
     assert (tiny * 2).item() > 0
     assert 1e-310 * 2 > 0  # Python floats run on the same floating-point unit
+
+
+BASELINE_CHECK = """
+import torch
+from kernels import native
+from kernels.native.linear import bf16_linear_available
+from tests.kernels.paged_cases import dense_attention, make_case
+
+assert not bf16_linear_available()
+for dtype in (torch.float32, torch.bfloat16):
+    case = make_case([(1, 40), (21, 21), (3, 19)], 9, 3, 64, 16, dtype)
+    error = (native.paged_attention(*case.kernel_tensors(), case.scale).float()
+             - dense_attention(case).float()).abs().max().item()
+    assert error < (1e-5 if dtype == torch.float32 else 2e-2), (dtype, error)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 feature levels")
+def test_a_build_for_cpus_without_avx512_takes_the_plain_paths(tmp_path) -> None:
+    """GENFLEET_NATIVE_MARCH=x86-64-v3 (AVX2): the AVX-512 code is left out, not broken."""
+    env = {**os.environ, "GENFLEET_CACHE_DIR": str(tmp_path), "GENFLEET_NATIVE_MARCH": "x86-64-v3"}
+    result = subprocess.run(
+        [sys.executable, "-c", BASELINE_CHECK],
+        env=env,
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
