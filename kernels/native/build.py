@@ -2,9 +2,9 @@
 
 The library is built with the system C++ compiler (``$CXX``, else ``g++``) for
 this CPU (``-march=native``, or ``$GENFLEET_NATIVE_MARCH``) into the genfleet
-cache folder, under a name that
-hashes the sources, the flags, the compiler and the CPU's feature flags, so a
-changed source or another machine sharing the folder gets its own build.
+cache folder, under a name that hashes the sources, the flags, the compiler and
+the CPU's feature flags, so a changed source or another machine sharing the
+folder gets its own build.
 Every entry point exists once per element type: ``<op>_float32``, ``<op>_bfloat16``.
 """
 

@@ -34,7 +34,13 @@ def rms_norm(
         residual_stride = row_stride(residual)
     else:
         residual_stride = None
-    if dtype is None or x_stride is None or residual_stride is None or not weight.is_contiguous():
+    if (
+        dtype is None
+        or x_stride is None
+        or residual_stride is None
+        or weight.shape != x.shape[-1:]  # the reference raises; the kernel would overrun
+        or not weight.is_contiguous()
+    ):
         return reference.rms_norm(x, weight, eps, residual)
     rows, width = x.shape
     out = torch.empty((rows, width), dtype=dtype)
@@ -96,7 +102,7 @@ def rotary_embedding(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     dtype = native_dtype(x)
-    if dtype is None:
+    if dtype is None or x.shape[-1] % 2:  # an odd width: the reference raises
         return reference.silu_and_mul(x)
     x = x.contiguous()
     d = x.shape[-1] // 2
@@ -119,6 +125,10 @@ def write_kv_cache(
         dtype is None
         or key_stride is None
         or value_stride is None
+        # Rows that do not match the cache's: the reference raises, the kernel would overrun.
+        or key.shape[1:] != key_cache.shape[2:]
+        or value.shape != key.shape
+        or value_cache.shape != key_cache.shape
         or not key_cache.is_contiguous()
         or not value_cache.is_contiguous()
     ):

@@ -1,6 +1,6 @@
 """bfloat16 linear layers through the native library (see linear.cpp).
 
-The weight is re-laid out once (``pack_bf16_weight``); ``bf16_linear`` then
+The weight is re-laid out once (``PackedBf16Weight``); ``bf16_linear`` then
 streams it. Taken where the CPU has AVX512-BF16 (``bf16_linear_available``).
 """
 
@@ -51,7 +51,9 @@ class PackedBf16Weight:
 def bf16_linear(
     x: torch.Tensor, weight: PackedBf16Weight, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """``x @ W.T + bias`` for x [rows, in_features] bf16; fp32 accumulation, one rounding."""
+    """``x @ W.T + bias`` for x [..., in_features] bf16, shaped like ``F.linear``'s
+    result; fp32 accumulation, one rounding."""
+    leading = x.shape[:-1]
     stride = row_stride(x)
     if stride is None or x.dim() != 2:
         x = x.reshape(-1, weight.in_features).contiguous()
@@ -71,4 +73,4 @@ def bf16_linear(
         weight.in_features,
         out.data_ptr(),
     )
-    return out
+    return out.view(*leading, weight.out_features)

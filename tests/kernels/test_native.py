@@ -216,3 +216,28 @@ def test_a_build_for_cpus_without_avx512_takes_the_plain_paths(tmp_path) -> None
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_shapes_the_kernels_cannot_take_fail_as_the_references_do() -> None:
+    """A weight or cache that does not match the rows goes to the reference, which
+    raises, instead of to a kernel that would read or write past the tensor."""
+    x = torch.randn(3, 8)
+    with pytest.raises(RuntimeError):
+        native.rms_norm(x, torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError):
+        native.silu_and_mul(torch.randn(3, 7))
+    key = torch.randn(2, 2, 8)
+    small = [torch.zeros(4, 4, 2, 4) for _ in range(2)]
+    with pytest.raises(RuntimeError):
+        native.write_kv_cache(key, key, *small, torch.tensor([0, 1]))
+
+
+def test_bf16_linear_keeps_leading_dims() -> None:
+    if not bf16_linear_available():
+        pytest.skip("this CPU lacks AVX512-BF16")
+    weight = torch.randn(48, 64).bfloat16()
+    x = torch.randn(2, 3, 64).bfloat16()
+    actual = bf16_linear(x, PackedBf16Weight(weight), None)
+    expected = F.linear(x.float(), weight.float())
+    assert actual.shape == (2, 3, 48)
+    torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=1e-2)
