@@ -14,12 +14,13 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from producer_api.errors import ApiError
 from producer_api.settings import ApiSettings
+from queue_schemas.bounds import TenantName
 
 ANONYMOUS = "default"
 
 
 class Tenant(BaseModel, frozen=True):
-    tenant: str = Field(min_length=1, max_length=64)
+    tenant: TenantName
     rate_limit_per_minute: int | None = Field(None, ge=1)
     max_outstanding_jobs: int | None = Field(None, ge=1)
 

@@ -1,5 +1,7 @@
 """A cap on request bodies: 413 before the app reads more than it allows."""
 
+import contextlib
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.errors import ApiError
@@ -26,27 +28,31 @@ class BodyLimitMiddleware:
             await self._refuse(send)
             return
         received = 0
-        started = False
+        started = too_large = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, too_large
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    too_large = True
                     raise BodyTooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if too_large:
+                # The app's answer to a body it could not read (FastAPI makes it a 400):
+                # the 413 below goes instead.
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
+        with contextlib.suppress(BodyTooLarge):
             await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._refuse(send)
+        if too_large and not started:
+            await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:
         response = ApiError(

@@ -81,8 +81,8 @@ class Fleet:
 
     async def cancel(self, tenant: Tenant, job_id: str) -> None:
         _, result = await self.store.cancel(job_id, tenant.tenant)
-        if result is not None:
-            await self.submitter.send_result(result)
+        if result is not None and await self.submitter.send_result(result):
+            await self.store.result_sent(tenant.tenant, job_id)
 
     async def ready(self) -> dict[str, bool]:
         try:

@@ -5,7 +5,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.dependencies import FleetDep, TenantDep
@@ -15,10 +15,9 @@ from producer_api.fleet import new_id
 from producer_api.job_store import now
 from producer_api.streams import event_stream, merged_events
 from queue_schemas import JobRequest, JobResult, JobState, JobStatus, Usage
-from queue_schemas.jobs import JobId
+from queue_schemas.bounds import JobId
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-JobIdPath = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
 
 
 class JobSubmission(JobRequest):
@@ -72,7 +71,8 @@ async def submit_job(
     submission: JobSubmission, response: Response, fleet: FleetDep, tenant: TenantDep
 ) -> JobView:
     job = submission.to_job(tenant.tenant)
-    if submission.job_id is not None and await fleet.store.exists(job.job_id):
+    # Ids are the tenant's own (keys live under the tenant): only its own jobs clash.
+    if submission.job_id is not None and await fleet.store.exists(job.tenant, job.job_id):
         raise ApiError(409, f"job id {job.job_id!r} is taken", param="job_id", code="job_exists")
     await fleet.submit(tenant, [job], route="/v1/jobs")
     response.headers["Location"] = f"/v1/jobs/{job.job_id}"
@@ -80,15 +80,15 @@ async def submit_job(
 
 
 @router.get("/{job_id}", response_model=JobView)
-async def get_job(job_id: JobIdPath, fleet: FleetDep, tenant: TenantDep) -> JobView:
+async def get_job(job_id: JobId, fleet: FleetDep, tenant: TenantDep) -> JobView:
     state = await fleet.store.state(job_id, tenant.tenant)
     if state.status.is_final:
         return JobView.of(state)
-    return JobView.of(state, text=await fleet.store.text_so_far(job_id))
+    return JobView.of(state, text=await fleet.store.text_so_far(tenant.tenant, job_id))
 
 
 @router.delete("/{job_id}", status_code=202, response_model=JobView)
-async def cancel_job(job_id: JobIdPath, fleet: FleetDep, tenant: TenantDep) -> JobView:
+async def cancel_job(job_id: JobId, fleet: FleetDep, tenant: TenantDep) -> JobView:
     """Cancel: a queued job ends now; a running one when its worker aborts it (its
     stream then ends with a ``cancelled`` event)."""
     await fleet.cancel(tenant, job_id)
@@ -101,7 +101,7 @@ async def cancel_job(job_id: JobIdPath, fleet: FleetDep, tenant: TenantDep) -> J
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 async def job_events(
-    job_id: JobIdPath,
+    job_id: JobId,
     fleet: FleetDep,
     tenant: TenantDep,
     last_event_id: Annotated[
@@ -117,7 +117,7 @@ async def job_events(
     async def events() -> AsyncIterator[ServerSentEvent]:
         last = after
         try:
-            async for _, event in merged_events(fleet, [job_id], after):
+            async for _, event in merged_events(fleet, tenant.tenant, [job_id], after):
                 if isinstance(event, JobResult):
                     yield ServerSentEvent(
                         event.model_dump_json(), event=event.status.value, id=str(last + 1)

@@ -85,9 +85,10 @@ class JobSubmitter:
         ]
         await asyncio.gather(*sends)
 
-    async def send_result(self, result: JobResult) -> None:
+    async def send_result(self, result: JobResult) -> bool:
         """A result the API decided (a job cancelled before any worker took it), for
-        readers of the results topic; best effort, Redis already has it."""
+        readers of the results topic. False when it could not be sent: Redis marks it
+        unsent, and the worker that reads the job's record sends it."""
         try:
             producer = await self._started()
             await asyncio.wait_for(
@@ -99,7 +100,9 @@ class JobSubmitter:
                 self.timeout_s,
             )
         except (ApiError, KafkaError, TimeoutError) as error:
-            log.warning("result of %s not on the results topic: %r", result.job_id, error)
+            log.warning("result of %s not on the results topic yet: %r", result.job_id, error)
+            return False
+        return True
 
     async def ready(self) -> bool:
         try:

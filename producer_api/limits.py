@@ -68,7 +68,7 @@ class TenantLimits:
         window = int(now // WINDOW_S)
         keys = [self.names.tenant_rate_key(tenant, window), self.names.tenant_jobs_key(tenant)]
         args = [
-            per_minute, WINDOW_S * 2, max_outstanding, self.names.job_key(""), now,
+            per_minute, WINDOW_S * 2, max_outstanding, self.names.job_key(tenant, ""), now,
             RECORD_GRACE_S, self._final, *job_ids,
         ]  # fmt: skip
         verdict, count = await self._admit(keys=keys, args=args)

@@ -81,10 +81,14 @@ def _jobs(
     ]
 
 
-async def _collect(fleet: Fleet, run: Run) -> tuple[dict[int, JobResult], list[list[TokenEvent]]]:
+async def _collect(
+    fleet: Fleet, tenant: Tenant, run: Run
+) -> tuple[dict[int, JobResult], list[list[TokenEvent]]]:
     results: dict[int, JobResult] = {}
     events: list[list[TokenEvent]] = [[] for _ in run.jobs]
-    async for position, event in merged_events(fleet, run.job_ids, resume_when_slow=True):
+    async for position, event in merged_events(
+        fleet, tenant.tenant, run.job_ids, resume_when_slow=True
+    ):
         if isinstance(event, JobResult):
             results[position] = event
         else:
@@ -94,7 +98,7 @@ async def _collect(fleet: Fleet, run: Run) -> tuple[dict[int, JobResult], list[l
 
 async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Response:
     """Wait for every choice; a client that hangs up meanwhile gets its jobs cancelled."""
-    collecting = asyncio.create_task(_collect(fleet, run))
+    collecting = asyncio.create_task(_collect(fleet, tenant, run))
     while not collecting.done():
         await asyncio.wait({collecting}, timeout=DISCONNECT_CHECK_S)
         if not collecting.done() and await request.is_disconnected():
@@ -127,7 +131,9 @@ async def _chunks(
         if opening is not None:
             yield chunk(opening)
     results: dict[int, JobResult] = {}
-    async for position, event in merged_events(fleet, run.job_ids, resume_when_slow=True):
+    async for position, event in merged_events(
+        fleet, tenant.tenant, run.job_ids, resume_when_slow=True
+    ):
         if isinstance(event, TokenEvent):
             yield chunk(shape.delta(position, event))
         elif event.status is JobStatus.FAILED:

@@ -13,9 +13,24 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from queue_schemas import ChatMessage, SamplingOptions
+from queue_schemas.bounds import (
+    INT64_MIN,
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
+    MinTokens,
+    OutputTokens,
+    Priority,
+    Seed,
+    StopText,
+    StopTokenIds,
+    TokenId,
+    TopK,
+    TopLogprobs,
+)
 
 MAX_CHOICES = 16
-StopText = Annotated[str, Field(min_length=1)]
+# Prompts in one completions request (each is n jobs; the tenant's limits apply too).
+MAX_PROMPTS = 256
 
 
 class StreamOptions(BaseModel):
@@ -53,19 +68,19 @@ class GenerationRequest(BaseModel):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    seed: int | None = None
-    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    seed: Seed | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    max_tokens: OutputTokens | None = None
     user: str | None = None
     # vLLM's extras.
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: TopK | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    min_tokens: MinTokens = 0
+    stop_token_ids: StopTokenIds | None = None
     skip_special_tokens: bool = True
-    priority: int = 0
+    priority: Priority = 0
 
     @property
     def include_usage(self) -> bool:
@@ -92,7 +107,7 @@ class GenerationRequest(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingOptions(
             **given,
-            seed=None if self.seed is None else self.seed + choice,
+            seed=None if self.seed is None else _wrap_int64(self.seed + choice),
             max_tokens=self.token_limit(),
             min_tokens=self.min_tokens,
             stop=stop,
@@ -103,11 +118,16 @@ class GenerationRequest(BaseModel):
         )
 
 
+def _wrap_int64(value: int) -> int:
+    """Seeds of later choices stay 64-bit signed integers, wrapping around at the top."""
+    return INT64_MIN + (value - INT64_MIN) % 2**64
+
+
 class ChatCompletionRequest(GenerationRequest):
-    messages: Annotated[list[OpenAIMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    messages: Annotated[list[OpenAIMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: OutputTokens | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: TopLogprobs | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
@@ -122,17 +142,17 @@ class ChatCompletionRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-PromptTokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(GenerationRequest):
     prompt: (
         str
-        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
         | PromptTokens
-        | Annotated[list[PromptTokens], Field(min_length=1)]
+        | Annotated[list[PromptTokens], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: TopLogprobs | None = None
     echo: Literal[False] = False
     suffix: None = None
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from queue_schemas.bounds import MAX_BODY_BYTES
 from queue_schemas.fleet_settings import FleetSettings
 
 LOOPBACK = "127.0.0.1"
@@ -19,7 +20,7 @@ class ApiSettings(FleetSettings):
     api_keys_file: Path | None = Field(None, description="JSON file of API keys and tenants")
     rate_limit_per_minute: int = Field(600, ge=1, description="new jobs per tenant per minute")
     max_outstanding_jobs: int = Field(256, ge=1, description="unfinished jobs per tenant")
-    max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body")
+    max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="largest request body")
     # Delivery.
     redis_max_connections: int = Field(32, ge=2, description="Redis connections besides pub/sub")
     kafka_send_timeout_s: float = Field(5.0, gt=0, description="broker silent this long: 503")

@@ -15,7 +15,12 @@ _END = object()
 
 
 async def merged_events(
-    fleet: Fleet, job_ids: list[str], after: int = -1, *, resume_when_slow: bool = False
+    fleet: Fleet,
+    tenant: str,
+    job_ids: list[str],
+    after: int = -1,
+    *,
+    resume_when_slow: bool = False,
 ) -> AsyncIterator[tuple[int, JobEvent]]:
     """The events of several jobs (an OpenAI request's n choices) as they come, each
     tagged with its job's position; ends when every job has its result.
@@ -31,7 +36,7 @@ async def merged_events(
         try:
             while True:
                 try:
-                    async for event in fleet.store.events(job_id, last):
+                    async for event in fleet.store.events(tenant, job_id, last):
                         if isinstance(event, TokenEvent):
                             last = event.token_index
                         await queue.put((position, event))

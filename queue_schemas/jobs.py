@@ -5,9 +5,24 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from queue_schemas.bounds import (
+    MAX_MESSAGES,
+    JobId,
+    Metadata,
+    MinTokens,
+    OutputTokens,
+    Priority,
+    Seed,
+    StopList,
+    StopTokenIds,
+    TenantName,
+    TokenId,
+    TopK,
+    TopLogprobs,
+)
 from queue_schemas.versioning import SCHEMA_VERSION, WireModel, check_version
 
-JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+__all__ = ["ChatMessage", "JobId", "JobRequest", "SamplingOptions"]
 
 
 class ChatMessage(WireModel):
@@ -16,27 +31,33 @@ class ChatMessage(WireModel):
 
 
 class SamplingOptions(WireModel):
-    """How to sample; the bounds are the engine's (vLLM's) and OpenAI's."""
+    """How to sample; the bounds are the engine's (vLLM's) and OpenAI's (``bounds``)."""
 
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = 0
+    top_k: TopK = 0
     min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0, le=2)] = 1.0
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
-    seed: int | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
+    seed: Seed | None = None
+    max_tokens: OutputTokens | None = Field(
         default=None, description="None: up to the model's context length"
     )
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    stop: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] = Field(
-        default_factory=list
-    )
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    min_tokens: MinTokens = 0
+    stop: StopList = Field(default_factory=list)
+    stop_token_ids: StopTokenIds = Field(default_factory=list)
     ignore_eos: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: TopLogprobs | None = None
     skip_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "SamplingOptions":
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        return self
 
 
 class JobRequest(WireModel):
@@ -44,15 +65,15 @@ class JobRequest(WireModel):
 
     schema_version: int = SCHEMA_VERSION
     job_id: JobId
-    tenant: Annotated[str, Field(min_length=1, max_length=64)] = "default"
+    tenant: TenantName = "default"
     prompt: str | None = None
-    prompt_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = (
+    prompt_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
         None
     )
-    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     sampling: SamplingOptions = SamplingOptions()
-    priority: int = Field(default=0, description="lower runs first")
-    metadata: dict[str, str] = Field(default_factory=dict, description="echoed in the result")
+    priority: Priority = Field(default=0, description="lower runs first")
+    metadata: Metadata = Field(default_factory=dict, description="echoed in the result")
     deadline: datetime | None = Field(default=None, description="not started after this: failed")
     created_at: datetime | None = None
 

@@ -2,12 +2,13 @@
 
 import base64
 import enum
+import hashlib
 from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
 
-from queue_schemas.jobs import JobId
+from queue_schemas.bounds import JobId, TenantName
 from queue_schemas.versioning import SCHEMA_VERSION, WireModel
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -89,13 +90,21 @@ class JobState(WireModel):
 
 
 class CancelJob(WireModel):
-    """On the control channel: every worker aborts this job if it is running it."""
+    """On the control channel: every worker aborts this job of this tenant if it runs it."""
 
     cancel: JobId
+    tenant: TenantName = "default"
+
+
+# A dead letter keeps at most this much of the record, so it always fits the
+# producer's request limit (1 MiB by default) whatever the record's size.
+DEAD_LETTER_EXCERPT_BYTES = 64 * 1024
+MAX_REASON_CHARS = 2048
 
 
 class DeadLetter(WireModel):
-    """A record no worker could serve, kept byte for byte with the reason."""
+    """A record no worker could serve, with the reason: byte for byte when it is small,
+    else its first ``DEAD_LETTER_EXCERPT_BYTES`` with the size and SHA-256 of the whole."""
 
     schema_version: int = SCHEMA_VERSION
     raw_base64: str
@@ -105,19 +114,41 @@ class DeadLetter(WireModel):
     reason: str
     job_id: str | None = None
     failed_at: datetime | None = None
+    key_base64: str | None = Field(default=None, description="the record's key, if any")
+    value_null: bool = Field(default=False, description="the value was null (a tombstone)")
+    raw_size: int | None = Field(default=None, description="bytes of the whole value")
+    raw_sha256: str | None = Field(default=None, description="digest of the whole value")
+    truncated: bool = Field(default=False, description="raw_base64 holds an excerpt only")
 
     @classmethod
     def of(
-        cls, raw: bytes, topic: str, partition: int, offset: int, **fields: object
+        cls,
+        raw: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        reason: str,
+        key: bytes | None = None,
+        **fields: object,
     ) -> "DeadLetter":
+        value = raw or b""
+        excerpt = value[:DEAD_LETTER_EXCERPT_BYTES]
         return cls(
-            raw_base64=base64.b64encode(raw).decode(),
+            raw_base64=base64.b64encode(excerpt).decode(),
             topic=topic,
             partition=partition,
             offset=offset,
+            reason=reason[:MAX_REASON_CHARS],
+            key_base64=None if key is None else base64.b64encode(key[:1024]).decode(),
+            value_null=raw is None,
+            raw_size=len(value),
+            raw_sha256=hashlib.sha256(value).hexdigest(),
+            truncated=len(excerpt) < len(value),
             **fields,  # type: ignore[arg-type]
         )
 
     @property
     def raw(self) -> bytes:
+        """The value, or its excerpt when ``truncated``."""
         return base64.b64decode(self.raw_base64)

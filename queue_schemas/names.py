@@ -37,21 +37,23 @@ class Names:
         """Pub/sub channel every API process keeps subscribed (its fan-out connection's home)."""
         return f"{self.prefix}api"
 
-    def job_key(self, job_id: str) -> str:
-        """Hash with the job's state (``JobState`` fields)."""
-        return f"{self.prefix}job:{job_id}"
+    def job_key(self, tenant: str, job_id: str) -> str:
+        """Hash with the job's state (``JobState`` fields). Jobs live under their tenant, so
+        two tenants may use the same job id; neither part may contain ``:`` (``bounds``), so
+        no id names another job's key."""
+        return f"{self.prefix}job:{tenant}:{job_id}"
 
-    def events_stream(self, job_id: str) -> str:
+    def events_stream(self, tenant: str, job_id: str) -> str:
         """Capped stream of the job's events, for replay (``Last-Event-ID``)."""
-        return f"{self.prefix}job:{job_id}:events"
+        return f"{self.job_key(tenant, job_id)}:events"
 
-    def events_channel(self, job_id: str) -> str:
+    def events_channel(self, tenant: str, job_id: str) -> str:
         """Pub/sub channel of the job's live events."""
-        return f"{self.prefix}job:{job_id}:live"
+        return f"{self.job_key(tenant, job_id)}:live"
 
-    def cancel_key(self, job_id: str) -> str:
+    def cancel_key(self, tenant: str, job_id: str) -> str:
         """Set when a job is cancelled; checked before a job is admitted."""
-        return f"{self.prefix}job:{job_id}:cancel"
+        return f"{self.job_key(tenant, job_id)}:cancel"
 
     def tenant_jobs_key(self, tenant: str) -> str:
         """Sorted set of the tenant's unfinished jobs (the API's outstanding limit)."""

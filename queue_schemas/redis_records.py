@@ -4,19 +4,72 @@ Both sides write here (the worker its events and results, the API a job's
 ``queued`` state and the result of a job cancelled before any worker took it)
 and the API reads here, so the layout is written once. The functions take a
 redis-py pipeline (sync or asyncio: only commands are queued on it).
+
+A job's result goes out in three moves, so the results topic gets exactly one
+``JobResult`` per job whoever dies when:
+
+1. ``FINISH_SCRIPT`` claims the job: if its hash is not final yet, it writes the
+   final state, the result itself and ``result_sent=0`` and appends the final
+   event, atomically; a second finisher (a redelivered copy) gets 0 and sends
+   nothing.
+2. The claimant produces the result to the results topic.
+3. ``result_sent=1``. A redelivered record of a job that is final but not sent
+   belongs to a claimant that died between 1 and 3: the result is on the topic
+   or not, and the reader of the record finds out before sending it again.
 """
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from queue_schemas.messages import JobResult, JobState, TokenEvent, Usage
+from queue_schemas.messages import JobResult, JobState, JobStatus, TokenEvent, Usage
 from queue_schemas.names import Names
 
 JobEvent = TokenEvent | JobResult
 _EVENT = TypeAdapter(JobEvent)
 EVENT_FIELD = "event"
+RESULT_FIELD = "result"
+RESULT_SENT_FIELD = "result_sent"
+CLAIMED_AT_FIELD = "result_claimed_at"
+CLAIMANT_FIELD = "result_claimant"
+FINAL_STATUSES = ",".join(status.value for status in JobStatus if status.is_final)
+
+# KEYS: job hash, event stream. ARGV: final statuses (comma-separated), ttl, stream
+# maxlen, live channel, final event, claimant, then the hash's field/value pairs.
+# A claimant that runs the script again (its reply was lost) gets its claim back.
+FINISH_SCRIPT = """
+local current = redis.call('HMGET', KEYS[1], 'status', 'result_claimant')
+local status, claimant = current[1], current[2]
+if claimant == ARGV[6] then return 1 end
+if status then
+  for final in string.gmatch(ARGV[1], '[^,]+') do
+    if final == status then return 0 end
+  end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"""
+
+
+# KEYS: job hash. ARGV: final statuses, ttl, then the hash's field/value pairs.
+# The state of a job a worker starts, unless the job became final meanwhile (the
+# API cancelled it, another copy finished): then 0, and the worker leaves it.
+START_SCRIPT = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status then
+  for final in string.gmatch(ARGV[1], '[^,]+') do
+    if final == status then return 0 end
+  end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
 
 
 class CommandQueue(Protocol):
@@ -27,44 +80,113 @@ class CommandQueue(Protocol):
 
 
 def append_event(
-    pipe: CommandQueue, names: Names, event: JobEvent, maxlen: int, ttl_s: int
+    pipe: CommandQueue, names: Names, tenant: str, event: JobEvent, maxlen: int, ttl_s: int
 ) -> None:
     """PUBLISH for live readers and XADD to the capped stream for replay."""
     payload = event.model_dump_json(exclude_none=True)
-    stream = names.events_stream(event.job_id)
-    pipe.publish(names.events_channel(event.job_id), payload)
+    stream = names.events_stream(tenant, event.job_id)
+    pipe.publish(names.events_channel(tenant, event.job_id), payload)
     pipe.xadd(stream, {EVENT_FIELD: payload}, maxlen=maxlen, approximate=True)
     pipe.expire(stream, ttl_s)
 
 
-def write_state(pipe: CommandQueue, names: Names, state: JobState, ttl_s: int) -> None:
-    """Write the fields the writer set: a worker that does not know the tenant keeps it."""
-    key = names.job_key(state.job_id)
+def _hash_fields(state: JobState) -> dict[str, str]:
     fields = state.model_dump(mode="json", exclude_unset=True, exclude_none=True)
     if "usage" in fields:
         fields["usage"] = state.usage.model_dump_json()
-    pipe.hset(key, mapping={name: str(value) for name, value in fields.items()})
+    return {name: str(value) for name, value in fields.items()}
+
+
+def write_state(pipe: CommandQueue, names: Names, state: JobState, ttl_s: int) -> None:
+    """Write the fields the writer set."""
+    key = names.job_key(state.tenant, state.job_id)
+    pipe.hset(key, mapping=_hash_fields(state))
     pipe.expire(key, ttl_s)
 
 
+def start_call(names: Names, state: JobState, ttl_s: int) -> tuple[list[str], list[str]]:
+    """``START_SCRIPT``'s keys and arguments for this (running) state."""
+    fields = _hash_fields(state)
+    pairs = [item for pair in fields.items() for item in pair]
+    return [names.job_key(state.tenant, state.job_id)], [FINAL_STATUSES, str(ttl_s), *pairs]
+
+
 def final_state(result: JobResult, updated_at: datetime) -> JobState:
-    """The hash of a finished job; the tenant only when the result names one."""
-    known = {"tenant": result.tenant} if "tenant" in result.model_fields_set else {}
     return JobState(
         job_id=result.job_id,
+        tenant=result.tenant,
         status=result.status,
         text=result.text,
         finish_reason=result.finish_reason,
         usage=result.usage,
         error=result.error,
         updated_at=updated_at,
-        **known,
+    )
+
+
+def finish_call(
+    names: Names, result: JobResult, maxlen: int, ttl_s: int, claimed_at: float, claimant: str
+) -> tuple[list[str], list[str]]:
+    """``FINISH_SCRIPT``'s keys and arguments for this result; ``claimant`` names this
+    attempt at the job uniquely."""
+    fields = _hash_fields(final_state(result, datetime.fromtimestamp(claimed_at, UTC)))
+    fields[RESULT_FIELD] = result.model_dump_json()
+    fields[RESULT_SENT_FIELD] = "0"
+    fields[CLAIMED_AT_FIELD] = f"{claimed_at:.3f}"
+    fields[CLAIMANT_FIELD] = claimant
+    keys = [
+        names.job_key(result.tenant, result.job_id),
+        names.events_stream(result.tenant, result.job_id),
+    ]
+    args = [
+        FINAL_STATUSES,
+        str(ttl_s),
+        str(maxlen),
+        names.events_channel(result.tenant, result.job_id),
+        result.model_dump_json(exclude_none=True),
+        claimant,
+        *(item for pair in fields.items() for item in pair),
+    ]
+    return keys, args
+
+
+def mark_sent(pipe: CommandQueue, names: Names, tenant: str, job_id: str) -> None:
+    pipe.hset(names.job_key(tenant, job_id), mapping={RESULT_SENT_FIELD: "1"})
+
+
+class Delivery(BaseModel):
+    """What a reader of a job record needs to know about the job's past (``delivery``)."""
+
+    status: JobStatus | None = None
+    cancelled: bool = False
+    result_sent: bool = True
+    claimed_at: float | None = None
+    result: JobResult | None = None
+
+
+DELIVERY_FIELDS = ("status", RESULT_SENT_FIELD, CLAIMED_AT_FIELD, RESULT_FIELD)
+
+
+def delivery(values: list[bytes | None], cancelled: bool) -> Delivery:
+    """From ``HMGET job-hash *DELIVERY_FIELDS`` and whether the cancel mark exists."""
+    status, sent, claimed_at, result = values
+    try:
+        parsed = JobResult.model_validate_json(result) if result else None
+    except ValidationError:
+        parsed = None
+    return Delivery(
+        status=JobStatus(status.decode()) if status else None,
+        cancelled=cancelled,
+        # A final job written without the protocol (or before it) counts as sent.
+        result_sent=sent != b"0",
+        claimed_at=float(claimed_at) if claimed_at else None,
+        result=parsed,
     )
 
 
 def read_state(fields: dict[bytes, bytes]) -> JobState | None:
     """A job hash as ``HGETALL`` returns it; None when the job is unknown."""
-    if not fields:
+    if b"status" not in fields or b"job_id" not in fields:
         return None
     document: dict[str, Any] = {key.decode(): value.decode() for key, value in fields.items()}
     if "usage" in document:

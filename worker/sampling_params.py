@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from queue_schemas.bounds import INT32_MAX, INT64_MAX, INT64_MIN
+
 # A temperature below this is treated as greedy decoding.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -42,7 +44,14 @@ class SamplingParams:
         checks = [
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= -1, f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}"),
+            (
+                -1 <= self.top_k <= INT32_MAX,
+                f"top_k must be -1 (off), 0 (off) or in [1, {INT32_MAX}], got {self.top_k}",
+            ),
+            (
+                self.seed is None or INT64_MIN <= self.seed <= INT64_MAX,
+                f"seed must be a 64-bit signed integer, got {self.seed}",
+            ),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (
                 self.repetition_penalty > 0,

@@ -45,8 +45,8 @@ async def _stored(
     """The job's Redis hash and the token events of its stream."""
     client = Redis.from_url(redis_url)
     try:
-        state = await client.hgetall(names.job_key(job_id))
-        entries = await client.xrange(names.events_stream(job_id))
+        state = await client.hgetall(names.job_key("default", job_id))
+        entries = await client.xrange(names.events_stream("default", job_id))
     finally:
         await client.aclose()
     parsed = [json.loads(fields[b"event"]) for _, fields in entries]
@@ -220,12 +220,12 @@ def test_cancelling_a_running_job_frees_its_blocks(services, start_worker, prefi
         client = Redis.from_url(redis.address)
         try:
             await _produce(kafka.address, names.jobs_topic, [_long_job("c1", 900)])
-            while not await client.xlen(names.events_stream("c1")):
+            while not await client.xlen(names.events_stream("default", "c1")):
                 await asyncio.sleep(0.05)
-            await client.set(names.cancel_key("c1"), 1)
+            await client.set(names.cancel_key("default", "c1"), 1)
             await client.publish(names.control_channel, CancelJob(cancel="c1").model_dump_json())
             raw = await _read(kafka.address, names.results_topic, lambda values: len(values) >= 1)
-            status = await client.hget(names.job_key("c1"), "status")
+            status = await client.hget(names.job_key("default", "c1"), "status")
         finally:
             await client.aclose()
         assert status == b"cancelled"

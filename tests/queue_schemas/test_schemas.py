@@ -112,10 +112,10 @@ def test_names_are_distinct_and_prefixed() -> None:
         names.results_topic,
         names.dead_letter_topic,
         names.control_channel,
-        names.job_key("j"),
-        names.events_stream("j"),
-        names.events_channel("j"),
-        names.cancel_key("j"),
+        names.job_key("t", "j"),
+        names.events_stream("t", "j"),
+        names.events_channel("t", "j"),
+        names.cancel_key("t", "j"),
     ]
     assert len(set(values)) == len(values)
     assert all(value.startswith("test-1.") for value in values)
@@ -142,15 +142,15 @@ class _RecordingPipe:
         return lambda *args, **kwargs: self.commands.append((name, args, kwargs))
 
 
-def test_a_state_written_without_a_tenant_keeps_the_stored_one() -> None:
+def test_a_state_lives_under_its_tenant_and_reads_back() -> None:
     from queue_schemas import JobState, JobStatus, Usage
     from queue_schemas.redis_records import read_state, write_state
 
     names = Names("p.")
     pipe = _RecordingPipe()
-    write_state(pipe, names, JobState(job_id="j", status=JobStatus.FAILED, error="bad"), 60)
-    (_, (key,), written), _ = pipe.commands
-    assert key == "p.job:j" and "tenant" not in written["mapping"]
+    write_state(pipe, names, JobState(job_id="j", tenant="b", status=JobStatus.FAILED), 60)
+    (_, (key,), _), _ = pipe.commands
+    assert key == "p.job:b:j"
 
     full = JobState(
         job_id="j", tenant="acme", status=JobStatus.COMPLETED, usage=Usage(prompt_tokens=3)
@@ -169,15 +169,15 @@ def test_events_go_live_and_to_the_capped_stream() -> None:
 
     pipe = _RecordingPipe()
     event = TokenEvent(job_id="j", token_index=4, text="a", token_ids=[7])
-    append_event(pipe, Names("p."), event, maxlen=100, ttl_s=60)
+    append_event(pipe, Names("p."), "acme", event, maxlen=100, ttl_s=60)
     (publish, (channel, payload), _), (xadd, (stream, fields), options), (expire, _, _) = (
         pipe.commands
     )
     assert (publish, channel, xadd, stream, expire) == (
         "publish",
-        "p.job:j:live",
+        "p.job:acme:j:live",
         "xadd",
-        "p.job:j:events",
+        "p.job:acme:j:events",
         "expire",
     )
     assert options["maxlen"] == 100

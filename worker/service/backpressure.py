@@ -28,14 +28,16 @@ class Backpressure:
                 f"high_watermark ({self.high_watermark})"
             )
 
-    def update(self, load: EngineLoad) -> bool | None:
-        """True: pause now; False: resume now; None: stay as we are."""
+    def update(self, load: EngineLoad, hold: bool = False) -> bool | None:
+        """True: pause now; False: resume now; None: stay as we are. ``hold`` pauses
+        whatever the load (a dependency is away)."""
         free = load.free_blocks / load.total_blocks
         waiting = load.waiting
-        if not self.paused and (free < self.low_watermark or waiting >= self.max_waiting):
+        full = free < self.low_watermark or waiting >= self.max_waiting
+        if not self.paused and (full or hold):
             self.paused, self.pauses = True, self.pauses + 1
             return True
-        if self.paused and free > self.high_watermark and waiting < self.max_waiting:
+        if self.paused and not hold and free > self.high_watermark and waiting < self.max_waiting:
             self.paused, self.resumes = False, self.resumes + 1
             return False
         return None

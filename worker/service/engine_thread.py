@@ -1,12 +1,18 @@
 """The engine in its own thread, so the event loop never waits for a forward pass.
 
 The event loop hands requests and aborts over a queue; the thread applies
-them between steps and posts each step's deltas back to the loop.
+them between steps and posts each step's deltas back to the loop. A request
+the engine refuses fails alone (its ``add`` raises); a step that raises ends
+the thread and is reported through ``on_failure``, so the worker stops loudly
+instead of serving nothing. ``stalled_for`` tells a watchdog how long the
+thread has had work without finishing a step.
 """
 
 import asyncio
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -39,28 +45,45 @@ class EngineLoad:
     waiting: int
 
 
+log = logging.getLogger("genfleet.worker")
+
+
 class EngineThread:
-    def __init__(self, engine: LLMEngine, on_deltas: Callable[[list[RequestDelta]], None]) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_deltas: Callable[[list[RequestDelta]], None],
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
         self.engine = engine
         self._on_deltas = on_deltas
+        self._on_failure = on_failure
         self._commands: queue.Queue[_Add | _Abort | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.load = self._snapshot()
+        # Monotonic time the running step began; None between steps.
+        self._busy_since: float | None = None
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._commands.put(None)
-        self._thread.join()
+        self._thread.join(timeout=30)
 
-    async def add(
+    def stalled_for(self) -> float:
+        """Seconds the thread has been in one step (0 while idle or between steps)."""
+        busy_since = self._busy_since
+        return 0.0 if busy_since is None else time.monotonic() - busy_since
+
+    def add(
         self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0
-    ) -> None:
-        """Queue a request; raises the engine's ValueError if it refuses it."""
+    ) -> "asyncio.Future[None]":
+        """Queue a request now; the future raises the engine's error if it refuses it.
+        Requests queued together reach the engine between the same two steps."""
         accepted: Future = Future()
         self._commands.put(_Add(request_id, prompt, params, priority, accepted))
-        await asyncio.wrap_future(accepted)
+        return asyncio.wrap_future(accepted)
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -81,12 +104,19 @@ class EngineThread:
             self.engine.add_request(
                 command.request_id, command.prompt, command.params, command.priority
             )
-        except ValueError as error:
+        except Exception as error:  # the request fails alone, the engine is as it was
             command.accepted.set_exception(error)
         else:
             command.accepted.set_result(None)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as error:
+            log.exception("engine step failed")
+            self._on_failure(error)
+
+    def _serve(self) -> None:
         while True:
             try:
                 # Apply every command that has arrived; wait for one only when idle.
@@ -97,7 +127,9 @@ class EngineThread:
                     self._apply(command)
             except queue.Empty:
                 pass
+            self._busy_since = time.monotonic()
             deltas = self.engine.step()
+            self._busy_since = None
             self.load = self._snapshot()
             if deltas:
                 self._on_deltas(deltas)

@@ -1,51 +1,159 @@
-"""Tokens out through Redis: one pipeline per engine step.
+"""The worker's side of Redis: events, job states, result claims, and repair after an outage.
 
-Each delta becomes a ``TokenEvent``, a finished job a ``JobResult``; both are
-PUBLISHed on the job's live channel and XADDed to its capped event stream (for
-replay), and a result also becomes the job's final state in its hash. The
-layout is ``queue_schemas.redis_records``'s; every key gets the configured TTL.
+Each engine step's events and any finished jobs' claims go out in one pipeline
+(``queue_schemas.redis_records`` has the layout and the claim protocol). Every
+call waits out a Redis outage (``Dependency``) rather than failing the worker;
+events of the steps run meanwhile are written, in order, when Redis is back.
 """
 
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from queue_schemas import JobResult, JobState, JobStatus, Names, TokenEvent
-from queue_schemas.redis_records import append_event, final_state, write_state
+from queue_schemas.redis_records import (
+    DELIVERY_FIELDS,
+    FINISH_SCRIPT,
+    START_SCRIPT,
+    Delivery,
+    append_event,
+    delivery,
+    finish_call,
+    mark_sent,
+    start_call,
+    write_state,
+)
+from worker.service.retry import Dependency
+
+TenantEvent = tuple[str, TokenEvent]  # the tenant the job belongs to, one of its events
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
+def redis_outage(error: BaseException) -> bool:
+    return isinstance(error, RedisConnectionError | RedisTimeoutError | OSError)
+
+
 class RedisPublisher:
     def __init__(self, redis: Redis, names: Names, maxlen: int, ttl_s: int) -> None:
-        self.redis = redis
+        self.client = redis
         self.names = names
         self.maxlen = maxlen
         self.ttl_s = ttl_s
+        self.available = Dependency("redis", redis_outage)
+        self._finish = redis.register_script(FINISH_SCRIPT)
+        self._start = redis.register_script(START_SCRIPT)
 
-    async def publish(self, events: list[TokenEvent], results: list[JobResult]) -> None:
-        """Write one step's events and any final results in a single round trip."""
-        if not events and not results:
+    async def publish(
+        self, events: Sequence[TenantEvent], finished: Sequence[tuple[JobResult, str]]
+    ) -> list[bool]:
+        """One step's events, then a claim for each (result, claimant); True where this
+        claimant won the job's result and so must send it to the results topic."""
+        if not events and not finished:
+            return []
+
+        async def attempt() -> list[bool]:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, event in events:
+                append_event(pipe, self.names, tenant, event, self.maxlen, self.ttl_s)
+            claimed_at = time.time()
+            for result, claimant in finished:
+                keys, args = finish_call(
+                    self.names, result, self.maxlen, self.ttl_s, claimed_at, claimant
+                )
+                await self._finish(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
+            return [bool(reply) for reply in replies[len(replies) - len(finished) :]]
+
+        return await self.available.call(attempt)
+
+    async def mark_sent(self, jobs: Sequence[tuple[str, str]]) -> None:
+        """These (tenant, job id)s have their result on the results topic."""
+        if not jobs:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for message in [*events, *results]:
-            append_event(pipe, self.names, message, self.maxlen, self.ttl_s)
-        for result in results:
-            write_state(pipe, self.names, final_state(result, now()), self.ttl_s)
-        await pipe.execute()
 
-    async def set_state(self, state: JobState) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        write_state(pipe, self.names, state, self.ttl_s)
-        await pipe.execute()
+        async def attempt() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id in jobs:
+                mark_sent(pipe, self.names, tenant, job_id)
+            await pipe.execute()
 
-    async def is_final_or_cancelled(self, job_id: str) -> bool:
-        """Whether a (redelivered) job needs no work: final already, or cancelled."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(self.names.job_key(job_id), "status")
-        pipe.exists(self.names.cancel_key(job_id))
-        status, cancelled = await pipe.execute()
-        final = status is not None and JobStatus(status.decode()).is_final
-        return final or bool(cancelled)
+        await self.available.call(attempt)
+
+    async def start(self, jobs: Sequence[tuple[str, str]]) -> list[bool]:
+        """State ``running`` for these (tenant, job id)s; False for a job that became final
+        in the meantime (and so is not to be run)."""
+        if not jobs:
+            return []
+
+        async def attempt() -> list[bool]:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id in jobs:
+                state = JobState(
+                    job_id=job_id, tenant=tenant, status=JobStatus.RUNNING, updated_at=now()
+                )
+                keys, args = start_call(self.names, state, self.ttl_s)
+                await self._start(keys=keys, args=args, client=pipe)
+            return [bool(reply) for reply in await pipe.execute()]
+
+        return await self.available.call(attempt)
+
+    async def deliveries(self, jobs: Sequence[tuple[str, str]]) -> list[Delivery]:
+        """For each (tenant, job id): what earlier deliveries of the job left in Redis."""
+        if not jobs:
+            return []
+
+        async def attempt() -> list[Delivery]:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id in jobs:
+                pipe.hmget(self.names.job_key(tenant, job_id), list(DELIVERY_FIELDS))
+                pipe.exists(self.names.cancel_key(tenant, job_id))
+            replies = await pipe.execute()
+            return [delivery(replies[i], bool(replies[i + 1])) for i in range(0, len(replies), 2)]
+
+        return await self.available.call(attempt)
+
+    async def cancelled(self, jobs: Sequence[tuple[str, str]]) -> list[bool]:
+        """Which of these (tenant, job id)s carry a cancel mark."""
+        if not jobs:
+            return []
+
+        async def attempt() -> list[bool]:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id in jobs:
+                pipe.exists(self.names.cancel_key(tenant, job_id))
+            return [bool(reply) for reply in await pipe.execute()]
+
+        return await self.available.call(attempt)
+
+    async def restore(self, running: Sequence[tuple[str, str, list[TokenEvent]]]) -> int:
+        """After an outage: rewrite the state and every event of each running (tenant,
+        job id, events) whose hash Redis no longer has (it restarted empty). Returns how
+        many were rewritten."""
+        if not running:
+            return 0
+
+        async def attempt() -> int:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id, _ in running:
+                pipe.exists(self.names.job_key(tenant, job_id))
+            present = await pipe.execute()
+            lost = [job for job, exists in zip(running, present, strict=True) if not exists]
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id, events in lost:
+                state = JobState(
+                    job_id=job_id, tenant=tenant, status=JobStatus.RUNNING, updated_at=now()
+                )
+                write_state(pipe, self.names, state, self.ttl_s)
+                for event in events:
+                    append_event(pipe, self.names, tenant, event, self.maxlen, self.ttl_s)
+            await pipe.execute()
+            return len(lost)
+
+        return await self.available.call(attempt)

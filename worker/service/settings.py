@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from queue_schemas.bounds import MAX_RECORD_BYTES
 from queue_schemas.fleet_settings import FleetSettings
 from worker.model_fetch import DEFAULT_MODEL
 
@@ -35,8 +36,30 @@ class WorkerSettings(FleetSettings):
     max_waiting: int = Field(64, ge=1, description="local waiting jobs before pausing intake")
     low_watermark: float = Field(0.05, ge=0, lt=1, description="pause below this free-block share")
     high_watermark: float = Field(0.2, gt=0, le=1, description="resume above this free-block share")
+    max_record_bytes: int = Field(
+        MAX_RECORD_BYTES, ge=1024, description="larger job records are dead-lettered"
+    )
+    # Failover: a dead worker's partitions move after the session timeout.
+    kafka_session_timeout_ms: int = Field(
+        6000, ge=1000, description="a worker silent this long leaves the group"
+    )
+    kafka_heartbeat_interval_ms: int = Field(
+        1000, ge=100, description="heartbeats to the group (a third of the session or less)"
+    )
+    kafka_fetch_max_wait_ms: int = Field(
+        25, ge=0, description="longest a fetch waits for new records"
+    )
+    stuck_timeout_s: float = Field(
+        60.0, gt=0, description="one engine step running this long: leave the group, exit 1"
+    )
     # Output.
     drain_deadline_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish jobs")
+    result_confirm_grace_s: float = Field(
+        15.0, gt=0, description="a result claimed this long ago and unconfirmed is resent"
+    )
+    # Redis.
+    redis_max_connections: int = Field(16, ge=2, description="connections besides pub/sub")
+    redis_timeout_s: float = Field(5.0, gt=0, description="a Redis call silent this long fails")
 
     def engine_config(self) -> "EngineConfig":
         from worker.config import EngineConfig  # torch: only when an engine is built
