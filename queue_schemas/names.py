@@ -55,6 +55,10 @@ class Names:
         """Set when a job is cancelled; checked before a job is admitted."""
         return f"{self.job_key(tenant, job_id)}:cancel"
 
+    def worker_marker(self, worker_id: str) -> str:
+        """Set by a worker at start; missing after an outage, Redis lost its data."""
+        return f"{self.prefix}worker:{worker_id}"
+
     def tenant_jobs_key(self, tenant: str) -> str:
         """Sorted set of the tenant's unfinished jobs (the API's outstanding limit)."""
         return f"{self.prefix}tenant:{tenant}:jobs"

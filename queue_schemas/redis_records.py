@@ -121,6 +121,7 @@ def final_state(result: JobResult, updated_at: datetime) -> JobState:
         usage=result.usage,
         error=result.error,
         updated_at=updated_at,
+        worker=result.worker,
     )
 
 

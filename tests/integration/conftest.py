@@ -1,18 +1,14 @@
 """A real broker, a real Redis, and worker processes for the integration tests."""
 
-import os
 import shutil
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from genfleet.local_services import LocalService, free_port, local_services
+from genfleet.local_services import LocalService, local_services
+from genfleet.processes import ApiProcess, FleetProcess
 from tests.conftest import build_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -51,30 +47,6 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}."
 
 
-class FleetProcess:
-    """``genfleet <command> <args>`` as a subprocess, its output in a log file."""
-
-    def __init__(self, command: str, args: list[str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "genfleet.cli", command, *args],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
-
-
 @pytest.fixture
 def start_worker(services, chat_model, prefix, tmp_path):
     """start_worker(*extra_flags) -> a running worker process on this test's topics."""
@@ -94,22 +66,6 @@ def start_worker(services, chat_model, prefix, tmp_path):
     yield start
     for worker in workers:
         worker.stop()
-
-
-class ApiProcess(FleetProcess):
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        super().__init__("api", [*args, "--port", str(self.port)], log_path)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError(f"the API did not start:\n{self.log()}")
 
 
 @pytest.fixture

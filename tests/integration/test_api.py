@@ -13,9 +13,9 @@ from openai import OpenAI
 from redis import Redis
 
 from genfleet.local_services import free_port, start_kafka
+from genfleet.processes import ApiProcess, FleetProcess
 from queue_schemas import JobStatus, Names
 from tests.integration.api_helpers import aread_events, auth, read_events, submit
-from tests.integration.conftest import ApiProcess, FleetProcess
 
 ALICE, BOB = "key-alice", "key-bob"
 

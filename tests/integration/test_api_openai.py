@@ -11,7 +11,7 @@ from openai import OpenAI
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tests.integration.conftest import FleetProcess
+from genfleet.processes import FleetProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 

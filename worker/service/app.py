@@ -7,7 +7,7 @@ Tasks on one event loop, the engine in its own thread:
     results  claimed results -> results topic -> ``result_sent`` -> offset done
     control  Redis pub/sub: cancellations -> engine.abort
     commits  every second: per partition, up to the lowest unfinished offset
-    watch    engine stalls, Redis repairs after an outage, topics after a broker restart
+    watch    engine stalls, topics after a broker restart
 
 A job's offset counts as done only after its result is on the results topic,
 so a worker that dies loses nothing: the job is redelivered and regenerated.
@@ -61,7 +61,7 @@ from worker.service.intake import (
 )
 from worker.service.kafka_out import KafkaOut
 from worker.service.offsets import OffsetTracker
-from worker.service.publisher import RedisPublisher, TenantEvent, now
+from worker.service.publisher import History, RedisPublisher, TenantEvent, now
 from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.worker")
@@ -154,9 +154,11 @@ class WorkerService:
         self._deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
         self._to_send: asyncio.Queue[tuple[JobResult, Record | None]] = asyncio.Queue()
         self._committed: dict[TopicPartition, int] = {}
+        # Per partition, one past the last offset read: past the partition's end, the
+        # broker lost the log (``_check_logs``).
+        self._read_up_to: dict[TopicPartition, int] = {}
         self._attempts = itertools.count()
         self._background: set[asyncio.Task] = set()
-        self._repaired = 0
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -173,7 +175,11 @@ class WorkerService:
         )
         self.redis = Redis(connection_pool=pool)
         self.publisher = RedisPublisher(
-            self.redis, self.names, settings.event_stream_maxlen, settings.result_ttl_s
+            self.redis,
+            self.names,
+            settings.event_stream_maxlen,
+            settings.result_ttl_s,
+            settings.worker_id,
         )
         self.kafka = KafkaOut(
             settings.kafka_bootstrap, self.names, settings.jobs_partitions,
@@ -195,6 +201,7 @@ class WorkerService:
             lambda deltas: loop.call_soon_threadsafe(self._deltas.put_nowait, deltas),
             lambda error: loop.call_soon_threadsafe(self._fail, f"engine failed: {error!r}"),
         )
+        await self.publisher.mark()
         await self.kafka.start()
         await self.kafka.available.call(self.consumer.start)
         self.engine_thread.start()
@@ -306,6 +313,7 @@ class WorkerService:
         for partition, raw in records:
             record = Record(partition, raw.offset)
             self.offsets.add(partition, raw.offset)
+            self._read_up_to[partition] = raw.offset + 1
             try:
                 job = parse_job(raw.value, self.settings.max_record_bytes)
             except Exception as error:  # parse_job raises nothing we know of; be sure
@@ -441,6 +449,7 @@ class WorkerService:
                 deltas += self._deltas.get_nowait()
             events: list[TenantEvent] = []
             finished: list[tuple[JobResult, Record | None, str]] = []
+            leaving: list[InFlight] = []
             for delta in deltas:
                 flight = self.by_request.get(delta.request_id)
                 if flight is None:
@@ -450,15 +459,27 @@ class WorkerService:
                     events.append((flight.job.tenant, event))
                 if delta.finished:
                     self._forget(flight)
+                    leaving.append(flight)
                     record = flight.record if flight.attached else None
                     finished.append((self._result(flight, delta), record, flight.request_id))
-            await self._finish(events, finished)
+            await self._finish(events, finished, leaving)
+
+    def _history(self, leaving: list[InFlight]) -> list[History]:
+        return [
+            (f.job.tenant, f.job.job_id, list(f.events)) for f in [*self.jobs.values(), *leaving]
+        ]
 
     async def _finish(
-        self, events: list[TenantEvent], finished: list[tuple[JobResult, Record | None, str]]
+        self,
+        events: list[TenantEvent],
+        finished: list[tuple[JobResult, Record | None, str]],
+        leaving: list[InFlight] | None = None,
     ) -> None:
-        """Write events and claim results; a won claim's result goes to the results topic."""
-        claims = await self.publisher.publish(events, [(r, c) for r, _, c in finished])
+        """Write events and claim results; a won claim's result goes to the results topic.
+        ``leaving`` are the flights these results end (their history may need rewriting)."""
+        claims = await self.publisher.publish(
+            events, [(r, c) for r, _, c in finished], lambda: self._history(leaving or [])
+        )
         for (result, record, _), won in zip(finished, claims, strict=True):
             if won:
                 self._to_send.put_nowait((result, record))
@@ -632,12 +653,15 @@ class WorkerService:
             await self._commit()
 
     async def _commit(self) -> None:
-        """Commit done offsets of the partitions we own; a failure waits for the next try."""
+        """Commit done offsets of the partitions we own; a failure waits for the next try.
+        An offset past a partition's end belongs to a log the broker lost: never sent."""
         owned = self.consumer.assignment()
         positions = {
             tp: offset
             for tp, offset in self.offsets.committable().items()
-            if tp in owned and self._committed.get(tp) != offset  # type: ignore[comparison-overlap]
+            if tp in owned
+            and self._committed.get(tp) != offset  # type: ignore[call-overload]
+            and offset <= (self.consumer.highwater(tp) or offset)  # type: ignore[arg-type]
         }
         if not positions:
             return
@@ -658,9 +682,7 @@ class WorkerService:
             if stalled > self.settings.stuck_timeout_s:
                 self._fail(f"engine step running for {stalled:.0f} s")
                 return
-            if self.publisher.available.recoveries != self._repaired:
-                self._repaired = self.publisher.available.recoveries
-                await self._repair()
+            await self._check_logs()
             if (
                 not self.consumer.assignment()
                 and time.monotonic() - last_topic_check > TOPIC_CHECK_S
@@ -670,12 +692,29 @@ class WorkerService:
                 with contextlib.suppress(KafkaError, OSError, TimeoutError):
                     await self.kafka.ensure_topics()
 
-    async def _repair(self) -> None:
-        """Redis answered again: give back what a restart without data lost."""
-        running = [(f.job.tenant, f.job.job_id, list(f.events)) for f in self.jobs.values()]
-        rewritten = await self.publisher.restore(running)
-        if rewritten:
-            log.warning("redis lost the state of %d running jobs: rewritten", rewritten)
+    async def _check_logs(self) -> None:
+        """A partition whose end lies before our position was emptied under us (the broker
+        restarted without its data): read it again from its start. Its jobs in flight run
+        on, detached, since their offsets name records of the lost log."""
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            position = self._read_up_to.get(tp)
+            if highwater is None or position is None or position <= highwater:
+                continue
+            log.warning(
+                "partition %d ends at %d, before our position %d: the broker lost its log; "
+                "reading it from the start",
+                tp.partition,
+                highwater,
+                position,
+            )
+            self.offsets.forget([tp])
+            self._committed.pop(tp, None)
+            del self._read_up_to[tp]
+            for flight in self.jobs.values():
+                if flight.record.partition == tp:
+                    flight.attached = False
+            await self.consumer.seek_to_beginning(tp)
 
 
 def _refusal(job: JobRequest, error: BaseException) -> Rejected:

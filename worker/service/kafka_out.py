@@ -10,10 +10,12 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import (
-    KafkaConnectionError,
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
     KafkaError,
-    KafkaTimeoutError,
-    KafkaUnavailableError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 from aiokafka.structs import TopicPartition
@@ -30,12 +32,21 @@ SCAN_POLL_MS = 500
 SCAN_TIMEOUT_S = 30.0
 
 
+# What a broker will refuse however often it is asked. Anything else is waited out: a
+# restarting broker answers with errors that aiokafka calls final (UnknownError).
+TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
+REFUSED = (
+    *TOO_LARGE, InvalidTopicError, TopicAuthorizationFailedError, ClusterAuthorizationFailedError,
+)  # fmt: skip
+# Results this large go out without their text and token ids (Redis keeps those).
+MAX_RESULT_BYTES = 8 * 1024 * 1024
+
+
 def kafka_outage(error: BaseException) -> bool:
     """A broker away or restarting, as opposed to a request it will never take."""
-    if isinstance(error, TimeoutError | OSError):
-        return True
-    outage = KafkaConnectionError | KafkaTimeoutError | KafkaUnavailableError
-    return isinstance(error, KafkaError) and (isinstance(error, outage) or error.retriable)
+    if isinstance(error, REFUSED):
+        return False
+    return isinstance(error, KafkaError | TimeoutError | OSError)
 
 
 class KafkaOut:
@@ -49,6 +60,7 @@ class KafkaOut:
             acks="all",
             enable_idempotence=idempotence,
             request_timeout_ms=SEND_TIMEOUT_MS,
+            max_request_size=MAX_RESULT_BYTES + 65_536,
         )
 
     async def start(self) -> None:
@@ -72,9 +84,23 @@ class KafkaOut:
         await self.available.call(attempt)
 
     async def send_result(self, result: JobResult) -> None:
-        await self._send(
-            self.names.results_topic, result.model_dump_json().encode(), result.job_id.encode()
-        )
+        """The result; one the topic cannot take goes out without its text and token ids,
+        with an error that says where they are."""
+        value = result.model_dump_json().encode()
+        try:
+            if len(value) > MAX_RESULT_BYTES:
+                raise MessageSizeTooLargeError(f"{len(value)} bytes")
+            await self._send(self.names.results_topic, value, result.job_id.encode())
+        except TOO_LARGE as error:
+            log.warning("result of %s too large for the results topic: %r", result.job_id, error)
+            note = (
+                f"the result ({len(value)} bytes) is too large for the results topic; its text "
+                "is in the job's state (GET /v1/jobs/{id}) until it expires"
+            )
+            slim = result.model_copy(update={"text": "", "token_ids": [], "error": note})
+            await self._send(
+                self.names.results_topic, slim.model_dump_json().encode(), result.job_id.encode()
+            )
 
     async def send_dead_letter(self, letter: DeadLetter) -> None:
         await self._send(self.names.dead_letter_topic, letter.model_dump_json().encode(), None)
@@ -98,16 +124,19 @@ class KafkaOut:
             if not partitions:
                 return False
             consumer.assign(partitions)
-            ends = await consumer.end_offsets(partitions)
             since_ms = int((claimed_at - CLOCK_SKEW_S) * 1000)
             starts = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
             for tp in partitions:
                 found = starts.get(tp)
-                # No record that late: nothing to read there. (Some brokers answer offset 0
-                # for any time; reading from there is slower, never wrong.)
-                consumer.seek(tp, ends[tp] if found is None else found.offset)
+                # No record that late: from the end. (Some brokers answer offset 0 for any
+                # time; reading from there is slower, never wrong.)
+                if found is None:
+                    await consumer.seek_to_end(tp)
+                else:
+                    consumer.seek(tp, found.offset)
             key = job_id.encode()
-            while any(await consumer.position(tp) < ends[tp] for tp in partitions):
+            # The end as fetches report it (some brokers' ListOffsets answer short of it).
+            while not all(await _at_end(consumer, tp) for tp in partitions):
                 batches = await consumer.getmany(*partitions, timeout_ms=SCAN_POLL_MS)
                 for records in batches.values():
                     for record in records:
@@ -116,6 +145,11 @@ class KafkaOut:
             return False
         finally:
             await consumer.stop()
+
+
+async def _at_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:
+    highwater = consumer.highwater(tp)
+    return highwater is not None and await consumer.position(tp) >= highwater
 
 
 def _names_tenant(value: bytes | None, tenant: str) -> bool:

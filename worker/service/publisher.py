@@ -4,10 +4,16 @@ Each engine step's events and any finished jobs' claims go out in one pipeline
 (``queue_schemas.redis_records`` has the layout and the claim protocol). Every
 call waits out a Redis outage (``Dependency``) rather than failing the worker;
 events of the steps run meanwhile are written, in order, when Redis is back.
+
+Whether Redis came back without its data is told by a key of this worker's
+that it sets at start: gone after an outage, Redis lost everything, and the
+state and every event of each job the worker holds are written again before
+anything else, so a reader of a running job misses nothing.
 """
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
@@ -30,6 +36,10 @@ from queue_schemas.redis_records import (
 from worker.service.retry import Dependency
 
 TenantEvent = tuple[str, TokenEvent]  # the tenant the job belongs to, one of its events
+History = tuple[str, str, list[TokenEvent]]  # tenant, job id, every event so far
+
+
+log = logging.getLogger("genfleet.worker")
 
 
 def now() -> datetime:
@@ -41,24 +51,39 @@ def redis_outage(error: BaseException) -> bool:
 
 
 class RedisPublisher:
-    def __init__(self, redis: Redis, names: Names, maxlen: int, ttl_s: int) -> None:
+    def __init__(self, redis: Redis, names: Names, maxlen: int, ttl_s: int, worker: str) -> None:
         self.client = redis
+        self.worker = worker
         self.names = names
         self.maxlen = maxlen
         self.ttl_s = ttl_s
         self.available = Dependency("redis", redis_outage)
         self._finish = redis.register_script(FINISH_SCRIPT)
         self._start = redis.register_script(START_SCRIPT)
+        self._marker = names.worker_marker(worker)
+        self._outages_checked = 0
+
+    async def mark(self) -> None:
+        """Set the marker whose absence after an outage means Redis lost its data."""
+        await self.available.call(lambda: self.client.set(self._marker, 1))
 
     async def publish(
-        self, events: Sequence[TenantEvent], finished: Sequence[tuple[JobResult, str]]
+        self,
+        events: Sequence[TenantEvent],
+        finished: Sequence[tuple[JobResult, str]],
+        history: Callable[[], list[History]],
     ) -> list[bool]:
         """One step's events, then a claim for each (result, claimant); True where this
-        claimant won the job's result and so must send it to the results topic."""
+        claimant won the job's result and so must send it to the results topic.
+        ``history`` gives every job the worker holds, to rewrite if Redis lost it."""
         if not events and not finished:
             return []
 
         async def attempt() -> list[bool]:
+            if self._outages_checked != self.available.outages:
+                if await self.client.set(self._marker, 1, nx=True):
+                    await self._rewrite(history())
+                self._outages_checked = self.available.outages
             pipe = self.client.pipeline(transaction=False)
             for tenant, event in events:
                 append_event(pipe, self.names, tenant, event, self.maxlen, self.ttl_s)
@@ -95,14 +120,21 @@ class RedisPublisher:
         async def attempt() -> list[bool]:
             pipe = self.client.pipeline(transaction=False)
             for tenant, job_id in jobs:
-                state = JobState(
-                    job_id=job_id, tenant=tenant, status=JobStatus.RUNNING, updated_at=now()
-                )
+                state = self._running(tenant, job_id)
                 keys, args = start_call(self.names, state, self.ttl_s)
                 await self._start(keys=keys, args=args, client=pipe)
             return [bool(reply) for reply in await pipe.execute()]
 
         return await self.available.call(attempt)
+
+    def _running(self, tenant: str, job_id: str) -> JobState:
+        return JobState(
+            job_id=job_id,
+            tenant=tenant,
+            status=JobStatus.RUNNING,
+            updated_at=now(),
+            worker=self.worker,
+        )
 
     async def deliveries(self, jobs: Sequence[tuple[str, str]]) -> list[Delivery]:
         """For each (tenant, job id): what earlier deliveries of the job left in Redis."""
@@ -132,28 +164,11 @@ class RedisPublisher:
 
         return await self.available.call(attempt)
 
-    async def restore(self, running: Sequence[tuple[str, str, list[TokenEvent]]]) -> int:
-        """After an outage: rewrite the state and every event of each running (tenant,
-        job id, events) whose hash Redis no longer has (it restarted empty). Returns how
-        many were rewritten."""
-        if not running:
-            return 0
-
-        async def attempt() -> int:
-            pipe = self.client.pipeline(transaction=False)
-            for tenant, job_id, _ in running:
-                pipe.exists(self.names.job_key(tenant, job_id))
-            present = await pipe.execute()
-            lost = [job for job, exists in zip(running, present, strict=True) if not exists]
-            pipe = self.client.pipeline(transaction=False)
-            for tenant, job_id, events in lost:
-                state = JobState(
-                    job_id=job_id, tenant=tenant, status=JobStatus.RUNNING, updated_at=now()
-                )
-                write_state(pipe, self.names, state, self.ttl_s)
-                for event in events:
-                    append_event(pipe, self.names, tenant, event, self.maxlen, self.ttl_s)
-            await pipe.execute()
-            return len(lost)
-
-        return await self.available.call(attempt)
+    async def _rewrite(self, jobs: list[History]) -> None:
+        log.warning("redis lost its data: writing the state and events of %d jobs again", len(jobs))
+        pipe = self.client.pipeline(transaction=False)
+        for tenant, job_id, events in jobs:
+            write_state(pipe, self.names, self._running(tenant, job_id), self.ttl_s)
+            for event in events:
+                append_event(pipe, self.names, tenant, event, self.maxlen, self.ttl_s)
+        await pipe.execute()

@@ -2,8 +2,8 @@
 
 A ``Dependency`` retries a call with capped exponential backoff while the
 failure is one of its transient errors, logs the outage once when it starts
-and once when it ends, and counts recoveries so that callers can repair what
-the outage may have lost (Redis restarted empty).
+and once when it ends, and counts outages so that callers can repair what an
+outage may have lost (Redis restarted empty).
 """
 
 import asyncio
@@ -25,7 +25,7 @@ class Dependency:
         self.name = name
         self.transient = transient
         self.down_since: float | None = None
-        self.recoveries = 0
+        self.outages = 0
 
     @property
     def down(self) -> bool:
@@ -34,13 +34,13 @@ class Dependency:
     def failed(self, error: BaseException) -> None:
         if self.down_since is None:
             self.down_since = time.monotonic()
+            self.outages += 1
             log.warning("%s unavailable (%r): retrying with backoff", self.name, error)
 
     def answered(self) -> None:
         if self.down_since is not None:
             log.info("%s back after %.1f s", self.name, time.monotonic() - self.down_since)
             self.down_since = None
-            self.recoveries += 1
 
     async def call(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()`` until it returns; only non-transient errors propagate."""

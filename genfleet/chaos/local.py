@@ -1,0 +1,103 @@
+"""A whole fleet on this host for the scenarios: the local broker and Redis, N workers,
+and faults made of signals and restarts."""
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from genfleet.chaos.target import Faults, Target
+from genfleet.local_services import LocalService, start_kafka, start_redis
+from genfleet.processes import FleetProcess
+
+READY_TIMEOUT_S = 120.0
+_ASSIGNED = re.compile(r"assigned \[\d")
+
+
+class LocalFleet:
+    def __init__(
+        self, kafka: LocalService, redis: LocalService, model: Path, log_dir: Path
+    ) -> None:
+        self.kafka = kafka
+        self.redis = redis
+        self.model = model
+        self.log_dir = log_dir
+        self.prefix = "genfleet."
+        self.workers: dict[str, FleetProcess] = {}  # by worker id
+
+    def start_worker(self, *extra: str) -> FleetProcess:
+        worker_id = f"worker-{len(self.workers)}"
+        args = [
+            "--kafka-bootstrap", self.kafka.address, "--redis-url", self.redis.address,
+            "--model", str(self.model), "--topic-prefix", self.prefix,
+            "--worker-id", worker_id, *extra,
+        ]  # fmt: skip
+        worker = FleetProcess("worker", args, self.log_dir / f"{worker_id}.log")
+        self.workers[worker_id] = worker
+        return worker
+
+    def wait_until_serving(self) -> None:
+        """Every live worker has joined the group and holds a partition."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            live = [w for w in self.workers.values() if w.alive]
+            if all(_ASSIGNED.search(w.log()) for w in live):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("workers did not join the group in time")
+
+    def kill_worker(self) -> str:
+        worker_id, victim = next((i, w) for i, w in self.workers.items() if w.alive)
+        victim.kill()
+        return worker_id
+
+    def pause_broker(self, seconds: float) -> None:
+        self.kafka.pause()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.kafka.resume()
+
+    def restart_broker(self) -> None:
+        self.kafka.stop()
+        self.kafka.start()
+
+    def restart_redis(self, down_s: float) -> None:
+        self.redis.stop()
+        time.sleep(down_s)
+        self.redis.start()
+
+    def target(self) -> Target:
+        faults = Faults(
+            kill_worker=self.kill_worker,
+            pause_broker=self.pause_broker,
+            restart_broker=self.restart_broker,
+            restart_redis=self.restart_redis,
+            workers_alive=lambda: sum(w.alive for w in self.workers.values()),
+        )
+        return Target(self.kafka.address, self.redis.address, self.prefix, faults=faults)
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+
+
+@contextlib.contextmanager
+def local_fleet(
+    model: Path, log_dir: Path, redis_data_dir: Path | None = None
+) -> Iterator[LocalFleet]:
+    """Broker and Redis started here (workers: ``start_worker``), all stopped on exit."""
+    kafka = start_kafka()
+    try:
+        redis = start_redis(data_dir=redis_data_dir)
+        try:
+            fleet = LocalFleet(kafka, redis, model, log_dir)
+            try:
+                yield fleet
+            finally:
+                fleet.stop()
+        finally:
+            redis.stop()
+    finally:
+        kafka.stop()

@@ -1,0 +1,286 @@
+"""The scenarios: each attacks the target one way and returns a ``Verdict``.
+
+Every scenario uses job ids of its own run, so they can follow each other on
+one fleet. Counts are read where a fleet's users read them: results and dead
+letters on their topics, states and event streams in Redis.
+"""
+
+import asyncio
+import time
+from datetime import UTC, datetime
+
+from genfleet.chaos.records import bad_records
+from genfleet.chaos.target import (
+    DeadLetters,
+    JobStates,
+    Results,
+    Target,
+    Verdict,
+    alive,
+    job_record,
+    produce,
+    run_id,
+    skipped,
+    wait_for,
+)
+from queue_schemas import JobStatus
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def _foreign_produce(target: Target, codec: str, records: list[tuple[bytes | None, bytes | None]]):
+    """Produce with confluent-kafka (librdkafka), another client than the fleet's own."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": target.kafka_bootstrap,
+            "compression.type": codec,
+            "enable.idempotence": False,
+            "acks": "all",
+            "message.max.bytes": 16 * 1024 * 1024,
+            "log_level": 0,
+        }
+    )
+    for key, value in records:
+        producer.produce(target.names.jobs_topic, value=value, key=key)
+    left = producer.flush(60)
+    if left:
+        raise RuntimeError(f"{left} records not acknowledged by the broker")
+
+
+async def poison_records(target: Target, good: int = 100, context_tokens: int = 1024) -> Verdict:
+    """Bad records of every kind among good ones, spread over every compression codec."""
+    name = "poison records"
+    run = run_id()
+    bad = bad_records(run, context_tokens)
+    good_ids = [f"{run}-good-{i}" for i in range(good)]
+    workers_before = alive(target)
+    async with Results(target) as results, DeadLetters(target) as letters:
+        for i, codec in enumerate(CODECS):
+            records = [(job_id.encode(), job_record(job_id, 3)) for job_id in good_ids[i::5]]
+            records += [(record.key, record.value) for record in bad[i :: len(CODECS)]]
+            await asyncio.to_thread(_foreign_produce, target, codec, records)
+        readable = [record.job_id for record in bad if record.job_id]
+
+        def settled() -> bool:
+            counts = results.counts()
+            return all(counts[j] for j in [*good_ids, *readable]) and len(letters.values) >= len(
+                bad
+            )
+
+        await wait_for(settled, target.timeout_s)
+        await asyncio.sleep(2.0)  # anything sent twice would arrive by now
+        counts = results.counts()
+        by_id = results.by_id()
+        dead = letters.parsed()
+    served_once = sum(counts[j] == 1 and by_id[j].status is JobStatus.COMPLETED for j in good_ids)
+    lettered = 0
+    missing: list[str] = []
+    for record in bad:
+        if any(_letter_of(letter, record) and letter.reason for letter in dead):
+            lettered += 1
+        else:
+            missing.append(record.label)
+    failed_visibly = sum(
+        counts[j] == 1 and by_id[j].status is JobStatus.FAILED and bool(by_id[j].error)
+        for j in readable
+    )
+    workers_after = alive(target)
+    passed = (
+        served_once == good
+        and lettered == len(bad)
+        and failed_visibly == len(readable)
+        and (workers_before is None or workers_after == workers_before)
+    )
+    detail = (
+        f"good served once {served_once}/{good}; dead-lettered {lettered}/{len(bad)}"
+        f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}; "
+        f"failed visibly {failed_visibly}/{len(readable)}; codecs {','.join(CODECS)}"
+        f"{_workers(workers_before, workers_after)}"
+    )
+    return Verdict(name, passed, detail)
+
+
+def _letter_of(letter, record) -> bool:
+    import hashlib
+
+    if record.value is None:
+        return letter.value_null and letter.key_base64 is not None
+    return letter.raw_sha256 == hashlib.sha256(record.value).hexdigest()
+
+
+def _workers(before: int | None, after: int | None) -> str:
+    return "" if before is None or after is None else f"; workers alive {after}/{before}"
+
+
+async def exactly_once(target: Target, jobs: int = 2000) -> Verdict:
+    """Thousands of short jobs through a broker freeze and a kill -9: one result each."""
+    name = "exactly one result"
+    faults = target.faults
+    if faults.kill_worker is None or faults.pause_broker is None:
+        return skipped(name, "kill a worker and pause the broker")
+    run = run_id()
+    ids = [f"{run}-{i}" for i in range(jobs)]
+    async with Results(target) as results:
+        await produce(target, [(job_id.encode(), job_record(job_id, 2)) for job_id in ids])
+        await wait_for(lambda: len(results.values) >= jobs // 4, target.timeout_s)
+        await asyncio.to_thread(faults.pause_broker, 1.5)
+        await wait_for(lambda: len(results.values) >= jobs // 2, target.timeout_s)
+        killed = await asyncio.to_thread(faults.kill_worker)
+        await wait_for(lambda: len(results.counts()) >= jobs, target.timeout_s)
+        await asyncio.sleep(3.0)
+        counts = results.counts()
+    once = sum(counts[j] == 1 for j in ids)
+    twice = sum(counts[j] > 1 for j in ids)
+    lost = sum(counts[j] == 0 for j in ids)
+    detail = (
+        f"{jobs} jobs, broker frozen 1.5 s, {killed} killed: exactly once {once}, "
+        f"more than once {twice}, none {lost}"
+    )
+    return Verdict(name, once == jobs, detail)
+
+
+async def redis_restart(target: Target, jobs: int = 12, tokens: int = 600) -> Verdict:
+    """Redis stopped for 3 s while jobs generate: every job ends with one result, and
+    its state and whole event stream are in Redis again (but for jobs that ended before
+    the stop, when Redis came back without its data)."""
+    name = "redis restart"
+    faults = target.faults
+    if faults.restart_redis is None:
+        return skipped(name, "restart Redis")
+    run = run_id()
+    ids = [f"{run}-{i}" for i in range(jobs)]
+    workers_before = alive(target)
+    states = JobStates(target)
+    try:
+        async with Results(target) as results:
+            await produce(target, [(job_id.encode(), job_record(job_id, tokens)) for job_id in ids])
+
+            async def running() -> int:
+                found = await states.states(ids)
+                return sum(bool(s) and s["status"] == "running" for s in found.values())
+
+            deadline = time.monotonic() + target.timeout_s
+            while await running() < min(jobs, 4) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            stopped_at = datetime.now(UTC)
+            await asyncio.to_thread(faults.restart_redis, 3.0)
+            await wait_for(lambda: len(results.counts()) >= jobs, target.timeout_s)
+            await asyncio.sleep(1.0)
+            counts = results.counts()
+            by_id = results.by_id()
+        final = await states.states(ids)
+        texts = {j: await states.streamed_text(j) for j in ids}
+    finally:
+        await states.close()
+    ended = [j for j in ids if j in by_id]
+    completed = sum(by_id[j].status is JobStatus.COMPLETED for j in ended)
+    once = sum(counts[j] == 1 for j in ids)
+    after = [j for j in ended if (by_id[j].finished_at or stopped_at) >= stopped_at]
+    kept = sum(bool(final[j]) and final[j]["status"] == by_id[j].status.value for j in after)  # type: ignore[index]
+    whole = sum(texts[j] == by_id[j].text for j in after)
+    workers_after = alive(target)
+    passed = (
+        once == jobs
+        and len(ended) == jobs
+        and kept == whole == len(after)
+        and (workers_before is None or workers_after == workers_before)
+    )
+    detail = (
+        f"{jobs} jobs: completed {completed}, failed {len(ended) - completed}, "
+        f"one result {once}/{jobs}; ended after the stop {len(after)}: final state in Redis "
+        f"{kept}, whole event stream {whole}{_workers(workers_before, workers_after)}"
+    )
+    return Verdict(name, passed, detail)
+
+
+async def broker_restart(target: Target, jobs: int = 8, tokens: int = 150) -> Verdict:
+    """The broker restarts empty while jobs generate: they finish, and new jobs run."""
+    name = "broker restart"
+    faults = target.faults
+    if faults.restart_broker is None:
+        return skipped(name, "restart the broker")
+    run = run_id()
+    ids = [f"{run}-{i}" for i in range(jobs)]
+    workers_before = alive(target)
+    states = JobStates(target)
+    try:
+        await produce(target, [(job_id.encode(), job_record(job_id, tokens)) for job_id in ids])
+
+        async def count(status: str) -> int:
+            found = await states.states(ids)
+            return sum(bool(s) and s["status"] == status for s in found.values())
+
+        deadline = time.monotonic() + target.timeout_s
+        while await count("running") < jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(faults.restart_broker)
+        deadline = time.monotonic() + target.timeout_s
+        while await count("completed") < jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        completed = await count("completed")
+        fresh = [f"{run}-after-{i}" for i in range(5)]
+        async with Results(target) as results:
+            await produce(target, [(j.encode(), job_record(j, 4)) for j in fresh])
+            await wait_for(lambda: set(results.counts()) >= set(fresh), target.timeout_s)
+            served = sum(results.counts()[j] == 1 for j in fresh)
+    finally:
+        await states.close()
+    workers_after = alive(target)
+    passed = (
+        completed == jobs
+        and served == len(fresh)
+        and (workers_before is None or workers_after == workers_before)
+    )
+    detail = (
+        f"running at the restart {jobs}, completed after {completed}; "
+        f"new jobs after it served {served}/{len(fresh)}{_workers(workers_before, workers_after)}"
+    )
+    return Verdict(name, passed, detail)
+
+
+async def failover(target: Target, jobs: int = 24, tokens: int = 150, bar_s: float = 15.0):
+    """kill -9 of a worker mid-generation: another takes its jobs over within seconds."""
+    name = "failover after kill -9"
+    faults = target.faults
+    if faults.kill_worker is None:
+        return skipped(name, "kill a worker")
+    run = run_id()
+    ids = [f"{run}-{i}" for i in range(jobs)]
+    states = JobStates(target)
+    try:
+        async with Results(target) as results:
+            await produce(target, [(job_id.encode(), job_record(job_id, tokens)) for job_id in ids])
+            await wait_for(lambda: len(results.values) >= 2, target.timeout_s)
+            killed = await asyncio.to_thread(faults.kill_worker)
+            killed_at = time.monotonic()
+            now = await states.states(ids)
+            orphans = {
+                j
+                for j, s in now.items()
+                if s and s["status"] == "running" and s["worker"] == killed
+            }
+            taken: dict[str, float] = {}
+            while len(taken) < len(orphans) and time.monotonic() - killed_at < target.timeout_s:
+                for j in orphans - set(taken):
+                    state = await states.state(j)
+                    if state and (state["worker"] != killed or state["status"] != "running"):
+                        taken[j] = time.monotonic() - killed_at
+                await asyncio.sleep(0.1)
+            await wait_for(lambda: len(results.counts()) >= jobs, target.timeout_s)
+            await asyncio.sleep(2.0)
+            counts = results.counts()
+    finally:
+        await states.close()
+    slowest = max(taken.values(), default=0.0)
+    once = sum(counts[j] == 1 for j in ids)
+    passed = len(taken) == len(orphans) and slowest <= bar_s and once == jobs
+    detail = (
+        f"{killed} killed with {len(orphans)} jobs running; taken over {len(taken)}, "
+        f"slowest after {slowest:.1f} s (bar {bar_s:.0f} s); one result {once}/{jobs}"
+    )
+    return Verdict(name, passed, detail)
+
+
+ALL = (poison_records, exactly_once, redis_restart, broker_restart, failover)
