@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -23,6 +22,7 @@ from producer_api.errors import ApiError
 from producer_api.fanout import LiveFanout
 from queue_schemas import CancelJob, JobRequest, JobResult, JobState, JobStatus, TokenEvent
 from queue_schemas.fleet_settings import FleetSettings
+from queue_schemas.messages import now
 from queue_schemas.redis_records import (
     EVENT_FIELD,
     FINISH_SCRIPT,
@@ -40,10 +40,6 @@ RECHECK_S = 2.0
 # A streamed job whose state stays missing this long was lost with Redis's data.
 LOST_AFTER_S = 30.0
 OUTAGE_RETRY_S = 1.0
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 class EventCursor:

@@ -12,10 +12,10 @@ from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
 from producer_api.fanout import SlowReader
 from producer_api.fleet import new_id
-from producer_api.job_store import now
 from producer_api.streams import event_stream, merged_events
 from queue_schemas import JobRequest, JobResult, JobState, JobStatus, Usage
 from queue_schemas.bounds import JobId
+from queue_schemas.messages import now
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

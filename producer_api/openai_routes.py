@@ -22,11 +22,11 @@ from producer_api.auth import Tenant
 from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
 from producer_api.fleet import Fleet, new_id
-from producer_api.job_store import now
 from producer_api.openai_format import ChatShape, Shape, TextShape, created, error_body, usage_body
 from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from producer_api.streams import event_stream, merged_events
 from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
+from queue_schemas.messages import now
 
 log = logging.getLogger("genfleet.api")
 router = APIRouter(prefix="/v1", tags=["openai"])

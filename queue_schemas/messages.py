@@ -3,13 +3,19 @@
 import base64
 import enum
 import hashlib
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import Field
 
 from queue_schemas.bounds import JobId, TenantName
 from queue_schemas.versioning import SCHEMA_VERSION, WireModel
+
+
+def now() -> datetime:
+    """A wire timestamp: timezone-aware UTC."""
+    return datetime.now(UTC)
+
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 

@@ -35,18 +35,27 @@ CLAIMED_AT_FIELD = "result_claimed_at"
 CLAIMANT_FIELD = "result_claimant"
 FINAL_STATUSES = ",".join(status.value for status in JobStatus if status.is_final)
 
+# Lua shared by the scripts below: whether a job status is one of ARGV[1]'s
+# comma-separated final statuses.
+_IS_FINAL = """
+local function is_final(status)
+  if not status then return false end
+  for final in string.gmatch(ARGV[1], '[^,]+') do
+    if final == status then return true end
+  end
+  return false
+end
+"""
+
 # KEYS: job hash, event stream. ARGV: final statuses (comma-separated), ttl, stream
 # maxlen, live channel, final event, claimant, then the hash's field/value pairs.
 # A claimant that runs the script again (its reply was lost) gets its claim back.
-FINISH_SCRIPT = """
+FINISH_SCRIPT = (
+    _IS_FINAL
+    + """
 local current = redis.call('HMGET', KEYS[1], 'status', 'result_claimant')
-local status, claimant = current[1], current[2]
-if claimant == ARGV[6] then return 1 end
-if status then
-  for final in string.gmatch(ARGV[1], '[^,]+') do
-    if final == status then return 0 end
-  end
-end
+if current[2] == ARGV[6] then return 1 end
+if is_final(current[1]) then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[5])
@@ -54,22 +63,20 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
-
+)
 
 # KEYS: job hash. ARGV: final statuses, ttl, then the hash's field/value pairs.
 # The state of a job a worker starts, unless the job became final meanwhile (the
 # API cancelled it, another copy finished): then 0, and the worker leaves it.
-START_SCRIPT = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status then
-  for final in string.gmatch(ARGV[1], '[^,]+') do
-    if final == status then return 0 end
-  end
-end
+START_SCRIPT = (
+    _IS_FINAL
+    + """
+if is_final(redis.call('HGET', KEYS[1], 'status')) then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+)
 
 
 class CommandQueue(Protocol):

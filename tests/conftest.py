@@ -1,6 +1,7 @@
 """Models for tests: tiny random Llama-family models built here, and the converted SmolLM2."""
 
 import os
+import shutil
 
 # Triton kernels run on CPU tensors in Triton's interpreter, which must be on
 # before anything imports triton (torch and transformers may). A GPU run sets
@@ -23,6 +24,7 @@ from transformers import (
 from worker.model_fetch import DEFAULT_MODEL, fetch_model
 
 TINY_VOCAB = 384
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 TINY_COMMON = dict(
@@ -101,3 +103,24 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """A tiny random Llama that speaks through SmolLM2's tokenizer: real text, fast steps."""
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    build_tiny_model(
+        "llama-untied",
+        folder,
+        vocab_size=49152,
+        intermediate_size=128,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        # Peaked logits: greedy choices do not hinge on rounding, so a job
+        # regenerated in another batch gives the same text.
+        initializer_range=0.3,
+    )
+    for name in TOKENIZER_FILES:
+        if (smollm2_path / name).is_file():
+            shutil.copy(smollm2_path / name, folder / name)
+    return folder

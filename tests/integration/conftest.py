@@ -1,44 +1,18 @@
 """A real broker, a real Redis, and worker processes for the integration tests."""
 
-import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from genfleet.local_services import LocalService, local_services
 from genfleet.processes import ApiProcess, FleetProcess
-from tests.conftest import build_tiny_model
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[tuple[LocalService, LocalService]]:
     with local_services() as pair:
         yield pair
-
-
-@pytest.fixture(scope="session")
-def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
-    """A tiny random Llama that speaks through SmolLM2's tokenizer: real text, fast steps."""
-    folder = tmp_path_factory.mktemp("tiny-chat")
-    build_tiny_model(
-        "llama-untied",
-        folder,
-        vocab_size=49152,
-        intermediate_size=128,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        # Peaked logits: greedy choices do not hinge on rounding, so a job
-        # regenerated in another batch gives the same text.
-        initializer_range=0.3,
-    )
-    for name in TOKENIZER_FILES:
-        if (smollm2_path / name).is_file():
-            shutil.copy(smollm2_path / name, folder / name)
-    return folder
 
 
 @pytest.fixture

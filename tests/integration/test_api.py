@@ -93,6 +93,40 @@ def test_tenants_see_only_their_jobs_and_keys_are_required(fleet) -> None:
         assert 'genfleet:api_jobs_submitted_total{route="/v1/jobs"}' in metrics
 
 
+def test_job_ids_name_no_other_key_and_tenants_do_not_collide(fleet) -> None:
+    """Ids that end like Redis keys are refused; the same id from two tenants is two jobs."""
+    api, worker, _, _ = fleet
+    victim = f"shared-{uuid.uuid4().hex[:6]}"
+    body = {"prompt": "The sea is", "sampling": {"max_tokens": 4, "ignore_eos": True}}
+    with _client(api, ALICE) as alice, _client(api, BOB) as bob:
+        for suffix in (":cancel", ":events", ":live", ":x"):
+            taken = bob.post("/v1/jobs", json={**body, "job_id": victim + suffix})
+            assert taken.status_code == 422, taken.text
+            assert taken.json()["error"]["param"] == "job_id"
+            for response in (
+                alice.get(f"/v1/jobs/{victim}{suffix}"),
+                alice.delete(f"/v1/jobs/{victim}{suffix}"),
+                alice.get(f"/v1/jobs/{victim}{suffix}/events"),
+            ):
+                assert response.status_code in (404, 422), response.text
+        # Bob takes the id first; Alice's job of the same id runs anyway, and each
+        # tenant sees its own job only.
+        assert bob.post("/v1/jobs", json={**body, "job_id": victim}).status_code == 202
+        assert alice.post("/v1/jobs", json={**body, "job_id": victim}).status_code == 202
+        for client in (alice, bob):
+            streamed = read_events(client, victim)
+            assert streamed.final_event == "completed", streamed
+            assert client.get(f"/v1/jobs/{victim}").json()["status"] == "completed"
+        again = alice.post("/v1/jobs", json={**body, "job_id": victim})
+        assert again.status_code == 409 and again.json()["error"]["code"] == "job_exists"
+        # A tenant never learns of another's ids: Alice's fresh id is free for Bob too.
+        fresh = f"fresh-{uuid.uuid4().hex[:6]}"
+        assert alice.post("/v1/jobs", json={**body, "job_id": fresh}).status_code == 202
+        assert bob.get(f"/v1/jobs/{fresh}").status_code == 404
+        assert bob.post("/v1/jobs", json={**body, "job_id": fresh}).status_code == 202
+    assert worker.alive
+
+
 def test_bad_input_gets_field_errors_and_size_cap(fleet) -> None:
     api, _, _, _ = fleet
     with _client(api) as client:

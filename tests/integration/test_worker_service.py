@@ -3,12 +3,16 @@
 import asyncio
 import json
 import random
+import time
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
+from genfleet.chaos.target import Results, Target, job_record, produce
 from queue_schemas import CancelJob, DeadLetter, JobResult, JobStatus, Names, TokenEvent
+from queue_schemas.messages import now
+from queue_schemas.redis_records import FINISH_SCRIPT, RESULT_SENT_FIELD, finish_call
 
 TIMEOUT_S = 180
 
@@ -255,3 +259,62 @@ def test_sigterm_drains_and_exits_zero_without_losing_jobs(services, start_worke
         asyncio.wait_for(_read(kafka.address, names.results_topic, _all_ids(ids)), TIMEOUT_S)
     )
     assert sorted(_results_by_id(raw)) == sorted(ids)
+
+
+def test_a_claimed_result_a_dead_worker_left_unsent_reaches_the_topic_once(
+    services, start_worker, prefix
+) -> None:
+    """A worker claimed two results in Redis and died before marking them sent; one of
+    them it had produced. Their redelivered records give exactly one result each."""
+    kafka, redis = services
+    target = Target(kafka.address, redis.address, prefix)
+    names = target.names
+    start_worker("--result-confirm-grace-s", "1")
+    stored = {
+        job_id: JobResult(
+            job_id=job_id,
+            status=JobStatus.COMPLETED,
+            text=f"text of {job_id}",
+            finish_reason="length",
+            worker="the-dead-one",
+            finished_at=now(),
+        )
+        for job_id in ("produced", "unproduced")
+    }
+
+    async def scenario() -> tuple[dict[str, list[JobResult]], list[bytes | None]]:
+        client = Redis.from_url(redis.address)
+        try:
+            for result in stored.values():
+                keys, args = finish_call(names, result, 100, 3600, time.time() - 30, "dead-0")
+                assert await client.eval(FINISH_SCRIPT, len(keys), *keys, *args) == 1
+            await _produce(
+                kafka.address, names.results_topic, [stored["produced"].model_dump_json().encode()]
+            )
+            async with Results(target) as results:
+                await produce(target, [(None, job_record(job_id, 4)) for job_id in stored])
+
+                async def marked() -> list[bytes | None]:
+                    return [
+                        await client.hget(names.job_key("default", j), RESULT_SENT_FIELD)
+                        for j in stored
+                    ]
+
+                deadline = time.monotonic() + TIMEOUT_S
+                while await marked() != [b"1", b"1"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(2.0)  # a second copy would arrive by now
+                by_id: dict[str, list[JobResult]] = {}
+                for result in results.parsed():
+                    by_id.setdefault(result.job_id, []).append(result)
+            return by_id, await marked()
+        finally:
+            await client.aclose()
+
+    by_id, marks = asyncio.run(scenario())
+    assert marks == [b"1", b"1"]
+    assert {job_id: len(found) for job_id, found in by_id.items()} == {
+        "produced": 1, "unproduced": 1,
+    }  # fmt: skip
+    # The result the dead worker claimed, not a new run of the job.
+    assert by_id["unproduced"][0].text == "text of unproduced"

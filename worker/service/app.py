@@ -45,6 +45,7 @@ from queue_schemas import (
     TokenEvent,
 )
 from queue_schemas import Usage as WireUsage
+from queue_schemas.messages import now
 from queue_schemas.redis_records import Delivery
 from worker.engine import LLMEngine, Prompt
 from worker.outputs import RequestDelta
@@ -61,7 +62,7 @@ from worker.service.intake import (
 )
 from worker.service.kafka_out import KafkaOut
 from worker.service.offsets import OffsetTracker
-from worker.service.publisher import History, RedisPublisher, TenantEvent, now
+from worker.service.publisher import History, RedisPublisher, TenantEvent
 from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.worker")

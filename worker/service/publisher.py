@@ -14,13 +14,13 @@ anything else, so a reader of a running job misses nothing.
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from queue_schemas import JobResult, JobState, JobStatus, Names, TokenEvent
+from queue_schemas.messages import now
 from queue_schemas.redis_records import (
     DELIVERY_FIELDS,
     FINISH_SCRIPT,
@@ -40,10 +40,6 @@ History = tuple[str, str, list[TokenEvent]]  # tenant, job id, every event so fa
 
 
 log = logging.getLogger("genfleet.worker")
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def redis_outage(error: BaseException) -> bool:

@@ -1,0 +1,238 @@
+"""Property tests: whatever a Kafka record or an OpenAI body holds, the worker's path
+from bytes to engine either refuses it with a reason or serves it, and the engine
+goes on serving the next request."""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import pytest
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from genfleet.chaos.records import EXTREME_FLOATS, EXTREME_INTS, EXTREME_STRINGS
+from producer_api.auth import Tenant
+from producer_api.openai_routes import _jobs
+from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest
+from queue_schemas import JobRequest
+from queue_schemas.bounds import MAX_RECORD_BYTES
+from worker import SamplingParams
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.service.intake import (
+    Rejected,
+    engine_prompt,
+    longest_token_bytes,
+    parse_job,
+    sampling_params,
+)
+
+SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
+SETTINGS = hypothesis.settings(
+    max_examples=400 if SLOW else 60,
+    deadline=None,
+    database=None,
+    derandomize=not SLOW,  # CI sees the same examples every run
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
+STEPS = 3  # engine steps per example: prefill and a couple of tokens
+
+# Any JSON value, scalars from the extreme pools included.
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from(EXTREME_INTS),
+    st.integers(),
+    st.sampled_from(EXTREME_FLOATS),
+    st.floats(),
+    st.sampled_from(EXTREME_STRINGS),
+    st.text(max_size=40),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=12,
+)
+token_lists = st.lists(st.one_of(st.sampled_from(EXTREME_INTS), st.integers(0, 400)), max_size=8)
+# Each field: usually a value of its own type near the edges, sometimes anything at all.
+SAMPLING_FIELDS: dict[str, Any] = {
+    "temperature": st.sampled_from(EXTREME_FLOATS) | st.floats(0, 2),
+    "top_p": st.sampled_from(EXTREME_FLOATS) | st.floats(0, 1),
+    "top_k": st.sampled_from(EXTREME_INTS),
+    "min_p": st.sampled_from(EXTREME_FLOATS),
+    "presence_penalty": st.sampled_from(EXTREME_FLOATS),
+    "frequency_penalty": st.sampled_from(EXTREME_FLOATS),
+    "repetition_penalty": st.sampled_from(EXTREME_FLOATS) | st.floats(0, 2),
+    "seed": st.sampled_from(EXTREME_INTS),
+    "max_tokens": st.sampled_from(EXTREME_INTS),
+    "min_tokens": st.sampled_from(EXTREME_INTS),
+    "stop": st.lists(st.sampled_from(EXTREME_STRINGS) | st.text(max_size=5), max_size=20),
+    "stop_token_ids": token_lists,
+    "ignore_eos": st.booleans(),
+    "logprobs": st.sampled_from(EXTREME_INTS),
+    "skip_special_tokens": st.booleans(),
+}
+
+
+def _fields(strategies: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Some of the fields, each drawn from its strategy or, now and then, any JSON."""
+    return st.fixed_dictionaries(
+        {}, optional={name: s | json_values for name, s in strategies.items()}
+    )
+
+
+prompts = st.one_of(
+    st.sampled_from(EXTREME_STRINGS), st.text(max_size=200), st.just("word " * 2000)
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool", ""]), "content": prompts}
+    ),
+    max_size=3,
+)
+job_records = st.fixed_dictionaries(
+    {"job_id": st.sampled_from(EXTREME_STRINGS) | st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)},
+    optional={
+        "prompt": prompts | json_values,
+        "prompt_token_ids": token_lists | json_values,
+        "messages": messages | json_values,
+        "tenant": st.sampled_from(EXTREME_STRINGS) | st.just("acme"),
+        "priority": st.sampled_from(EXTREME_INTS),
+        "deadline": st.sampled_from(["1970-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "soon"]),
+        "metadata": st.dictionaries(st.text(max_size=70), st.text(max_size=600), max_size=20),
+        "schema_version": st.sampled_from(EXTREME_INTS),
+        "sampling": _fields(SAMPLING_FIELDS),
+    },
+)
+OPENAI_FIELDS = {
+    **{k: v for k, v in SAMPLING_FIELDS.items() if k not in {"logprobs", "stop"}},
+    "n": st.sampled_from(EXTREME_INTS),
+    "stop": st.sampled_from(EXTREME_STRINGS) | SAMPLING_FIELDS["stop"],
+    "priority": st.sampled_from(EXTREME_INTS),
+    "stream": st.booleans(),
+    "max_completion_tokens": st.sampled_from(EXTREME_INTS),
+    "top_logprobs": st.sampled_from(EXTREME_INTS),
+}
+chat_bodies = st.tuples(
+    messages | json_values, _fields({**OPENAI_FIELDS, "logprobs": st.booleans()})
+)
+completion_bodies = st.tuples(
+    prompts | token_lists | st.lists(token_lists, max_size=3) | json_values,
+    _fields({**OPENAI_FIELDS, "logprobs": st.sampled_from(EXTREME_INTS)}),
+)
+
+
+@pytest.fixture(scope="module")
+def engine(chat_model: Path) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(model=str(chat_model), max_model_len=256, num_gpu_blocks_override=64)
+    )
+
+
+class Served:
+    """The worker's path from a record to the engine, counting how each record ended."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.max_prompt_bytes = engine.max_model_len * longest_token_bytes(engine.tokenizer)
+        self.ends: dict[str, int] = {}
+        self._ids = 0
+
+    def record(self, raw: bytes | None) -> None:
+        job = parse_job(raw, MAX_RECORD_BYTES)
+        if isinstance(job, Rejected):
+            assert job.reason, "a dead letter needs a reason"
+            self._count("dead letter")
+            return
+        self.job(job)
+
+    def job(self, job: JobRequest) -> None:
+        request_id = f"r{self._ids}"
+        self._ids += 1
+        try:
+            prompt = engine_prompt(job, self.engine.tokenizer, self.max_prompt_bytes)
+            self.engine.add_request(request_id, prompt, sampling_params(job), job.priority)
+        except ValueError as refusal:  # the worker's dead letter and failed result
+            assert str(refusal)
+            self._count("refused")
+            return
+        for _ in range(STEPS):
+            self.engine.step()
+        self.engine.abort_request(request_id)
+        self.engine.step()  # the abort's final delta; the engine is idle again
+        assert not self.engine.has_unfinished_requests()
+        self._count("served")
+
+    def still_serves(self) -> None:
+        self.engine.add_request("canary", "The sea is", SamplingParams(max_tokens=3, temperature=0))
+        finished = []
+        while self.engine.has_unfinished_requests():
+            finished += [d for d in self.engine.step() if d.finished]
+        assert [d.finish_reason for d in finished] == ["length"]
+
+    def _count(self, end: str) -> None:
+        self.ends[end] = self.ends.get(end, 0) + 1
+
+
+def test_any_job_record_is_dead_lettered_refused_or_served(engine: LLMEngine) -> None:
+    served = Served(engine)
+
+    @SETTINGS
+    @hypothesis.given(document=job_records | json_values)
+    def attempt(document: object) -> None:
+        served.record(json.dumps(document).encode())
+
+    attempt()
+    served.still_serves()
+    # The strategies reach all three ends; a bound that rejected everything would fail here.
+    assert set(served.ends) == {"dead letter", "refused", "served"}, served.ends
+
+
+def _openai_jobs(model: type, body: dict[str, Any]) -> list[JobRequest] | None:
+    """The API's translation of a body into jobs; None when it answers 422."""
+    try:
+        request = model.model_validate(body)
+    except ValidationError:
+        return None
+    if isinstance(request, ChatCompletionRequest):
+        prompts = [{"messages": [m.model_dump() for m in request.messages]}]
+    else:
+        prompts = [
+            {"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p}
+            for p in request.prompts()
+        ]
+    return _jobs("run", Tenant(tenant="acme"), request, prompts)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_any_openai_body_is_a_422_or_jobs_the_worker_takes(engine: LLMEngine, kind: str) -> None:
+    served = Served(engine)
+    model, bodies = {
+        "chat": (ChatCompletionRequest, chat_bodies.map(lambda b: {"messages": b[0], **b[1]})),
+        "completion": (
+            CompletionRequest,
+            completion_bodies.map(lambda b: {"prompt": b[0], **b[1]}),
+        ),
+    }[kind]
+    outcomes = {"422": 0, "jobs": 0}
+
+    @SETTINGS
+    @hypothesis.given(body=bodies)
+    def attempt(body: dict[str, Any]) -> None:
+        jobs = _openai_jobs(model, body)  # a JobRequest it cannot build would be a 500
+        if jobs is None:
+            outcomes["422"] += 1
+            return
+        outcomes["jobs"] += 1
+        for job in jobs[:2]:
+            # As the worker reads it: through the record's bytes.
+            served.record(job.model_dump_json().encode())
+
+    attempt()
+    served.still_serves()
+    assert outcomes["422"] and outcomes["jobs"], outcomes
+    assert served.ends.get("served"), served.ends
