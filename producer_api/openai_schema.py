@@ -10,7 +10,8 @@ fields are.
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from queue_schemas import ChatMessage, SamplingOptions
 from queue_schemas.bounds import (
@@ -82,6 +83,16 @@ class GenerationRequest(BaseModel):
     skip_special_tokens: bool = True
     priority: Priority = 0
 
+    @model_validator(mode="after")
+    def _sampling_is_valid(self) -> "GenerationRequest":
+        """What the jobs' options refuse together (min_tokens over max_tokens) is a 422
+        here, not an error while the jobs are built."""
+        try:
+            self.sampling(0)
+        except ValidationError as error:
+            raise ValueError("; ".join(_reason(e) for e in error.errors())) from None
+        return self
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -116,6 +127,11 @@ class GenerationRequest(BaseModel):
             logprobs=self.top_logprobs_wanted(),
             skip_special_tokens=self.skip_special_tokens,
         )
+
+
+def _reason(error: ErrorDetails) -> str:
+    context = error.get("ctx") or {}
+    return str(context.get("error") or error["msg"])
 
 
 def _wrap_int64(value: int) -> int:

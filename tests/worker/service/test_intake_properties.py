@@ -31,7 +31,7 @@ from worker.service.intake import (
 
 SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
 SETTINGS = hypothesis.settings(
-    max_examples=400 if SLOW else 60,
+    max_examples=400 if SLOW else 150,
     deadline=None,
     database=None,
     derandomize=not SLOW,  # CI sees the same examples every run
@@ -57,72 +57,110 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-token_lists = st.lists(st.one_of(st.sampled_from(EXTREME_INTS), st.integers(0, 400)), max_size=8)
-# Each field: usually a value of its own type near the edges, sometimes anything at all.
-SAMPLING_FIELDS: dict[str, Any] = {
-    "temperature": st.sampled_from(EXTREME_FLOATS) | st.floats(0, 2),
-    "top_p": st.sampled_from(EXTREME_FLOATS) | st.floats(0, 1),
-    "top_k": st.sampled_from(EXTREME_INTS),
-    "min_p": st.sampled_from(EXTREME_FLOATS),
-    "presence_penalty": st.sampled_from(EXTREME_FLOATS),
-    "frequency_penalty": st.sampled_from(EXTREME_FLOATS),
-    "repetition_penalty": st.sampled_from(EXTREME_FLOATS) | st.floats(0, 2),
-    "seed": st.sampled_from(EXTREME_INTS),
-    "max_tokens": st.sampled_from(EXTREME_INTS),
-    "min_tokens": st.sampled_from(EXTREME_INTS),
-    "stop": st.lists(st.sampled_from(EXTREME_STRINGS) | st.text(max_size=5), max_size=20),
-    "stop_token_ids": token_lists,
-    "ignore_eos": st.booleans(),
-    "logprobs": st.sampled_from(EXTREME_INTS),
-    "skip_special_tokens": st.booleans(),
-}
-
-
-def _fields(strategies: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
-    """Some of the fields, each drawn from its strategy or, now and then, any JSON."""
-    return st.fixed_dictionaries(
-        {}, optional={name: s | json_values for name, s in strategies.items()}
-    )
-
-
-prompts = st.one_of(
-    st.sampled_from(EXTREME_STRINGS), st.text(max_size=200), st.just("word " * 2000)
+extremes = st.one_of(
+    st.sampled_from(EXTREME_INTS),
+    st.sampled_from(EXTREME_FLOATS),
+    st.sampled_from(EXTREME_STRINGS),
+    st.lists(st.sampled_from(EXTREME_INTS), max_size=4),
+    st.lists(st.sampled_from(EXTREME_STRINGS), max_size=4),
+    st.just([f"s{i}" for i in range(1000)]),
+    json_values,
 )
-messages = st.lists(
+
+# Valid values of every field: the base a few corruptions are made to.
+token_ids = st.lists(st.integers(0, 400), min_size=1, max_size=8)
+texts = st.text(max_size=60) | st.just("word " * 2000)  # the latter: over the context
+chats = st.lists(
     st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "system", "assistant", "tool", ""]), "content": prompts}
+        {"role": st.sampled_from(["user", "system", "assistant"]), "content": texts}
     ),
+    min_size=1,
     max_size=3,
 )
-job_records = st.fixed_dictionaries(
-    {"job_id": st.sampled_from(EXTREME_STRINGS) | st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)},
-    optional={
-        "prompt": prompts | json_values,
-        "prompt_token_ids": token_lists | json_values,
-        "messages": messages | json_values,
-        "tenant": st.sampled_from(EXTREME_STRINGS) | st.just("acme"),
-        "priority": st.sampled_from(EXTREME_INTS),
-        "deadline": st.sampled_from(["1970-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "soon"]),
-        "metadata": st.dictionaries(st.text(max_size=70), st.text(max_size=600), max_size=20),
-        "schema_version": st.sampled_from(EXTREME_INTS),
-        "sampling": _fields(SAMPLING_FIELDS),
-    },
-)
-OPENAI_FIELDS = {
-    **{k: v for k, v in SAMPLING_FIELDS.items() if k not in {"logprobs", "stop"}},
-    "n": st.sampled_from(EXTREME_INTS),
-    "stop": st.sampled_from(EXTREME_STRINGS) | SAMPLING_FIELDS["stop"],
-    "priority": st.sampled_from(EXTREME_INTS),
-    "stream": st.booleans(),
-    "max_completion_tokens": st.sampled_from(EXTREME_INTS),
-    "top_logprobs": st.sampled_from(EXTREME_INTS),
+VALID_SAMPLING: dict[str, st.SearchStrategy[Any]] = {
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "top_k": st.integers(-1, 500),
+    "min_p": st.floats(0, 1),
+    "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.5, 2),
+    "seed": st.integers(-(2**63), 2**63 - 1),
+    "min_tokens": st.integers(0, 2),
+    "stop": st.lists(st.text(min_size=1, max_size=5), max_size=3),
+    "stop_token_ids": st.lists(st.integers(0, 400), max_size=3),
+    "ignore_eos": st.booleans(),
+    "skip_special_tokens": st.booleans(),
 }
-chat_bodies = st.tuples(
-    messages | json_values, _fields({**OPENAI_FIELDS, "logprobs": st.booleans()})
+sampling = st.fixed_dictionaries(
+    {"max_tokens": st.integers(3, 8)},
+    optional={**VALID_SAMPLING, "logprobs": st.integers(0, 5)},
 )
-completion_bodies = st.tuples(
-    prompts | token_lists | st.lists(token_lists, max_size=3) | json_values,
-    _fields({**OPENAI_FIELDS, "logprobs": st.sampled_from(EXTREME_INTS)}),
+valid_jobs = st.fixed_dictionaries(
+    {
+        "job_id": st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True),
+        "sampling": sampling,
+    },
+    optional={
+        "tenant": st.from_regex(r"[a-z]{1,8}", fullmatch=True),
+        "priority": st.integers(-5, 5),
+        "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    },
+).flatmap(
+    lambda job: st.one_of(
+        texts.map(lambda text: {**job, "prompt": text}),
+        token_ids.map(lambda ids: {**job, "prompt_token_ids": ids}),
+        chats.map(lambda chat: {**job, "messages": chat}),
+    )
+)
+TOP_FIELDS = (
+    "job_id", "tenant", "prompt", "prompt_token_ids", "messages", "priority", "deadline",
+    "metadata", "schema_version", "sampling",
+)  # fmt: skip
+SAMPLING_FIELDS = (*VALID_SAMPLING, "max_tokens", "logprobs")
+
+
+@st.composite
+def corrupted(
+    draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]], fields: tuple[str, ...]
+) -> dict[str, Any]:
+    """A valid document with up to two fields (``a.b``: nested) set to extreme values."""
+    document = draw(base)
+    for _ in range(draw(st.integers(0, 2))):
+        *parents, name = draw(st.sampled_from(fields)).split(".")
+        target = document
+        for parent in parents:
+            if not isinstance(target.get(parent), dict):
+                target[parent] = {}
+            target = target[parent]
+        target[name] = draw(extremes)
+    return document
+
+
+job_records = corrupted(
+    valid_jobs, (*TOP_FIELDS, *(f"sampling.{name}" for name in SAMPLING_FIELDS))
+)
+OPENAI_FIELDS = (*SAMPLING_FIELDS, "n", "priority", "stream", "model", "user")
+openai_common = st.fixed_dictionaries(
+    {"max_tokens": st.integers(3, 8)},
+    optional={**VALID_SAMPLING, "n": st.integers(1, 3), "priority": st.integers(-5, 5)},
+)
+chat_bodies = corrupted(
+    st.tuples(openai_common, chats, st.booleans(), st.integers(0, 5)).map(
+        lambda b: {
+            **b[0],
+            "messages": b[1],
+            "logprobs": b[2],
+            **({"top_logprobs": b[3]} if b[2] else {}),
+        }
+    ),
+    (*OPENAI_FIELDS, "messages", "max_completion_tokens", "top_logprobs"),
+)
+completion_bodies = corrupted(
+    st.tuples(openai_common, texts | token_ids | st.lists(token_ids, min_size=1, max_size=3)).map(
+        lambda b: {**b[0], "prompt": b[1]}
+    ),
+    (*OPENAI_FIELDS, "prompt", "echo", "suffix"),
 )
 
 
@@ -212,11 +250,8 @@ def _openai_jobs(model: type, body: dict[str, Any]) -> list[JobRequest] | None:
 def test_any_openai_body_is_a_422_or_jobs_the_worker_takes(engine: LLMEngine, kind: str) -> None:
     served = Served(engine)
     model, bodies = {
-        "chat": (ChatCompletionRequest, chat_bodies.map(lambda b: {"messages": b[0], **b[1]})),
-        "completion": (
-            CompletionRequest,
-            completion_bodies.map(lambda b: {"prompt": b[0], **b[1]}),
-        ),
+        "chat": (ChatCompletionRequest, chat_bodies),
+        "completion": (CompletionRequest, completion_bodies),
     }[kind]
     outcomes = {"422": 0, "jobs": 0}
 
