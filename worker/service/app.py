@@ -29,7 +29,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 from pydantic import ValidationError
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -52,6 +52,7 @@ from worker.outputs import RequestDelta
 from worker.sampling_params import SamplingParams
 from worker.service.admission import Action, decide
 from worker.service.backpressure import Backpressure
+from worker.service.commits import Committer
 from worker.service.engine_thread import EngineThread
 from worker.service.intake import (
     Rejected,
@@ -132,6 +133,7 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.service.adopt(assigned)
+        await self.service.commit()  # the first commit, which later ones are checked by
 
 
 class WorkerService:
@@ -154,10 +156,6 @@ class WorkerService:
         self.failed = False
         self._deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
         self._to_send: asyncio.Queue[tuple[JobResult, Record | None]] = asyncio.Queue()
-        self._committed: dict[TopicPartition, int] = {}
-        # Per partition, one past the last offset read: past the partition's end, the
-        # broker lost the log (``_check_logs``).
-        self._read_up_to: dict[TopicPartition, int] = {}
         self._attempts = itertools.count()
         self._background: set[asyncio.Task] = set()
 
@@ -197,6 +195,7 @@ class WorkerService:
             max_partition_fetch_bytes=max(1_048_576, 2 * settings.max_record_bytes),
         )
         self.consumer.subscribe([self.names.jobs_topic], listener=_Rebalance(self))
+        self.committer = Committer(self.consumer, self.offsets)
         self.engine_thread = EngineThread(
             self.engine,
             lambda deltas: loop.call_soon_threadsafe(self._deltas.put_nowait, deltas),
@@ -222,7 +221,7 @@ class WorkerService:
             for task in [*tasks, *self._background]:
                 task.cancel()
             await asyncio.gather(*tasks, *self._background, return_exceptions=True)
-            await self._commit()
+            await self.commit()
             await self.consumer.stop()
             await self.kafka.stop()
             self.engine_thread.stop()
@@ -314,7 +313,6 @@ class WorkerService:
         for partition, raw in records:
             record = Record(partition, raw.offset)
             self.offsets.add(partition, raw.offset)
-            self._read_up_to[partition] = raw.offset + 1
             try:
                 job = parse_job(raw.value, self.settings.max_record_bytes)
             except Exception as error:  # parse_job raises nothing we know of; be sure
@@ -631,12 +629,13 @@ class WorkerService:
             await asyncio.wait_for(self._to_send.join(), RELEASE_WAIT_S)
         except TimeoutError:
             log.warning("rebalance: results still unsent after %.0f s", RELEASE_WAIT_S)
-        await self._commit()
-        self.offsets.forget(revoked)
-        for partition in revoked:
-            self._committed.pop(partition, None)
+        await self.commit()
+        self.committer.forget(revoked)
+        self._detach(revoked)
+
+    def _detach(self, partitions: set[TopicPartition]) -> None:
         for flight in self.jobs.values():
-            if flight.record.partition in revoked:
+            if flight.record.partition in partitions:
                 flight.attached = False
 
     def adopt(self, assigned: set[TopicPartition]) -> None:
@@ -651,29 +650,20 @@ class WorkerService:
     async def _commits(self) -> None:
         while True:
             await asyncio.sleep(COMMIT_INTERVAL_S)
-            await self._commit()
+            await self.commit()
 
-    async def _commit(self) -> None:
-        """Commit done offsets of the partitions we own; a failure waits for the next try.
-        An offset past a partition's end belongs to a log the broker lost: never sent."""
-        owned = self.consumer.assignment()
-        positions = {
-            tp: offset
-            for tp, offset in self.offsets.committable().items()
-            if tp in owned
-            and self._committed.get(tp) != offset  # type: ignore[call-overload]
-            and offset <= (self.consumer.highwater(tp) or offset)  # type: ignore[arg-type]
-        }
-        if not positions:
-            return
-        try:
-            await self.consumer.commit(
-                {tp: OffsetAndMetadata(o, "") for tp, o in positions.items()}  # type: ignore[misc]
-            )
-        except KafkaError as error:
-            log.warning("commit failed (%r); retrying with the next commit", error)
-            return
-        self._committed.update(positions)  # type: ignore[arg-type]
+    async def commit(self) -> None:
+        """Commit what is done; a partition whose broker lost our commits is read again
+        from its start. Its jobs in flight run on, detached: their offsets name records
+        of the lost log."""
+        lost = await self.committer.commit()
+        if lost:
+            self._detach(set(lost))
+            await self.consumer.seek_to_beginning(*lost)
+            # A broker that lost its state lost our topics too: an in-memory broker
+            # takes records for a missing topic and loses them when it is created.
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                await self.kafka.ensure_topics()
 
     async def _watch(self) -> None:
         last_topic_check = time.monotonic()
@@ -683,7 +673,6 @@ class WorkerService:
             if stalled > self.settings.stuck_timeout_s:
                 self._fail(f"engine step running for {stalled:.0f} s")
                 return
-            await self._check_logs()
             if (
                 not self.consumer.assignment()
                 and time.monotonic() - last_topic_check > TOPIC_CHECK_S
@@ -692,30 +681,6 @@ class WorkerService:
                 # A restarted broker may have come back without our topics.
                 with contextlib.suppress(KafkaError, OSError, TimeoutError):
                     await self.kafka.ensure_topics()
-
-    async def _check_logs(self) -> None:
-        """A partition whose end lies before our position was emptied under us (the broker
-        restarted without its data): read it again from its start. Its jobs in flight run
-        on, detached, since their offsets name records of the lost log."""
-        for tp in self.consumer.assignment():
-            highwater = self.consumer.highwater(tp)
-            position = self._read_up_to.get(tp)
-            if highwater is None or position is None or position <= highwater:
-                continue
-            log.warning(
-                "partition %d ends at %d, before our position %d: the broker lost its log; "
-                "reading it from the start",
-                tp.partition,
-                highwater,
-                position,
-            )
-            self.offsets.forget([tp])
-            self._committed.pop(tp, None)
-            del self._read_up_to[tp]
-            for flight in self.jobs.values():
-                if flight.record.partition == tp:
-                    flight.attached = False
-            await self.consumer.seek_to_beginning(tp)
 
 
 def _refusal(job: JobRequest, error: BaseException) -> Rejected:

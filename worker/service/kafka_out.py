@@ -62,6 +62,8 @@ class KafkaOut:
             request_timeout_ms=SEND_TIMEOUT_MS,
             max_request_size=MAX_RESULT_BYTES + 65_536,
         )
+        # Sends that all find the topic missing create it once, not each on its own.
+        self._creating = asyncio.Lock()
 
     async def start(self) -> None:
         await self.available.call(self.ensure_topics)
@@ -71,10 +73,15 @@ class KafkaOut:
         await self.producer.stop()
 
     async def ensure_topics(self) -> None:
-        await ensure_topics(self.bootstrap, self.names, self.jobs_partitions)
+        async with self._creating:
+            await ensure_topics(self.bootstrap, self.names, self.jobs_partitions)
 
     async def _send(self, topic: str, value: bytes, key: bytes | None) -> None:
         async def attempt() -> None:
+            if self.available.down:
+                # The broker may be back from a restart without our topics; an
+                # in-memory one takes records for a missing topic and then loses them.
+                await self.ensure_topics()
             try:
                 await self.producer.send_and_wait(topic, value, key=key)
             except UnknownTopicOrPartitionError:
