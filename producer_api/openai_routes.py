@@ -62,7 +62,7 @@ def _served_model(fleet: Fleet, requested: str | None) -> str:
     return served
 
 
-def _jobs(
+def jobs_for(
     run_id: str, tenant: Tenant, body: GenerationRequest, prompts: list[dict[str, Any]]
 ) -> list[JobRequest]:
     """n jobs per prompt; ``prompts`` hold JobRequest's prompt fields."""
@@ -189,7 +189,7 @@ async def chat_completions(
         id=run_id,
         model=_served_model(fleet, body.model),
         shape=ChatShape(body.top_logprobs_wanted()),
-        jobs=_jobs(run_id, tenant, body, [{"messages": messages}]),
+        jobs=jobs_for(run_id, tenant, body, [{"messages": messages}]),
         choices_per_prompt=body.n,
     )
     return await _respond(fleet, tenant, body, run, request)
@@ -208,7 +208,7 @@ async def completions(
         id=run_id,
         model=_served_model(fleet, body.model),
         shape=TextShape(body.top_logprobs_wanted()),
-        jobs=_jobs(run_id, tenant, body, prompts),
+        jobs=jobs_for(run_id, tenant, body, prompts),
         choices_per_prompt=body.n,
     )
     return await _respond(fleet, tenant, body, run, request)

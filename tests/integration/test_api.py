@@ -8,7 +8,9 @@ import time
 import uuid
 
 import httpx
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from openai import OpenAI
 from redis import Redis
 
@@ -16,6 +18,7 @@ from genfleet.local_services import free_port, start_kafka
 from genfleet.processes import ApiProcess, FleetProcess
 from queue_schemas import JobStatus, Names
 from tests.integration.api_helpers import aread_events, auth, read_events, submit
+from tests.strategies import chat_bodies, completion_bodies, job_records
 
 ALICE, BOB = "key-alice", "key-bob"
 
@@ -125,6 +128,37 @@ def test_job_ids_name_no_other_key_and_tenants_do_not_collide(fleet) -> None:
         assert bob.get(f"/v1/jobs/{fresh}").status_code == 404
         assert bob.post("/v1/jobs", json={**body, "job_id": fresh}).status_code == 202
     assert worker.alive
+
+
+def test_bodies_with_extreme_values_get_an_answer_or_a_4xx_and_the_worker_goes_on(fleet) -> None:
+    api, worker, _, _ = fleet
+    routes = st.one_of(
+        chat_bodies.map(lambda body: ("/v1/chat/completions", body)),
+        completion_bodies.map(lambda body: ("/v1/completions", body)),
+        job_records.map(lambda body: ("/v1/jobs", body)),
+    )
+    statuses: list[int] = []
+    with _client(api) as client:
+
+        @hypothesis.settings(
+            max_examples=40, deadline=None, database=None, derandomize=True,
+            suppress_health_check=list(hypothesis.HealthCheck),
+        )  # fmt: skip
+        @hypothesis.given(route=routes)
+        def attempt(route: tuple[str, dict]) -> None:
+            path, body = route
+            response = client.post(
+                path, content=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
+            statuses.append(response.status_code)
+            assert response.status_code in (200, 202) or 400 <= response.status_code < 500, (
+                f"{path} {body!r}: {response.status_code} {response.text}"
+            )
+
+        attempt()
+        assert worker.alive
+        assert read_events(client, submit(client, max_tokens=3)).final_event == "completed"
+    assert any(s < 300 for s in statuses) and any(s >= 400 for s in statuses), statuses
 
 
 def test_bad_input_gets_field_errors_and_size_cap(fleet) -> None:

@@ -288,9 +288,15 @@ def test_a_claimed_result_a_dead_worker_left_unsent_reaches_the_topic_once(
             for result in stored.values():
                 keys, args = finish_call(names, result, 100, 3600, time.time() - 30, "dead-0")
                 assert await client.eval(FINISH_SCRIPT, len(keys), *keys, *args) == 1
-            await _produce(
-                kafka.address, names.results_topic, [stored["produced"].model_dump_json().encode()]
-            )
+            # As the dead worker produced it: keyed by the job id.
+            producer = AIOKafkaProducer(bootstrap_servers=kafka.address, acks="all")
+            await producer.start()
+            try:
+                produced = stored["produced"]
+                value, key = produced.model_dump_json().encode(), produced.job_id.encode()
+                await producer.send_and_wait(names.results_topic, value, key=key)
+            finally:
+                await producer.stop()
             async with Results(target) as results:
                 await produce(target, [(None, job_record(job_id, 4)) for job_id in stored])
 

@@ -143,7 +143,7 @@ class KafkaOut:
                     consumer.seek(tp, found.offset)
             key = job_id.encode()
             # The end as fetches report it (some brokers' ListOffsets answer short of it).
-            while not all(await _at_end(consumer, tp) for tp in partitions):
+            while not await _all_at_end(consumer, partitions):
                 batches = await consumer.getmany(*partitions, timeout_ms=SCAN_POLL_MS)
                 for records in batches.values():
                     for record in records:
@@ -154,9 +154,12 @@ class KafkaOut:
             await consumer.stop()
 
 
-async def _at_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:
-    highwater = consumer.highwater(tp)
-    return highwater is not None and await consumer.position(tp) >= highwater
+async def _all_at_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
+    for tp in partitions:
+        highwater = consumer.highwater(tp)
+        if highwater is None or await consumer.position(tp) < highwater:
+            return False
+    return True
 
 
 def _names_tenant(value: bytes | None, tenant: str) -> bool:
