@@ -74,6 +74,7 @@ TOPIC_CHECK_S = 5.0
 # A rebalance waits this long for claimed results to reach the topic before it
 # gives the partitions up (their next owner would otherwise wait out the grace).
 RELEASE_WAIT_S = 5.0
+STOP_TIMEOUT_S = 10.0
 
 JobKey = tuple[str, str]  # (tenant, job id): job ids are unique within a tenant
 
@@ -218,12 +219,18 @@ class WorkerService:
             await self._intake()
             await self._drain()
         finally:
+            log.info("worker %s stopping: committing and leaving the group", settings.worker_id)
+            with contextlib.suppress(TimeoutError):  # claimed results go out first
+                await asyncio.wait_for(self._to_send.join(), RELEASE_WAIT_S)
             for task in [*tasks, *self._background]:
                 task.cancel()
             await asyncio.gather(*tasks, *self._background, return_exceptions=True)
             await self.commit()
-            await self.consumer.stop()
-            await self.kafka.stop()
+            for name, stop in (("consumer", self.consumer.stop), ("producer", self.kafka.stop)):
+                try:  # a broker that does not answer does not hold the exit up
+                    await asyncio.wait_for(stop(), STOP_TIMEOUT_S)
+                except TimeoutError:
+                    log.warning("the Kafka %s did not stop within %.0f s", name, STOP_TIMEOUT_S)
             self.engine_thread.stop()
             await self.redis.aclose()
         log.info("worker %s stopped", settings.worker_id)
