@@ -324,3 +324,23 @@ def test_a_claimed_result_a_dead_worker_left_unsent_reaches_the_topic_once(
     }  # fmt: skip
     # The result the dead worker claimed, not a new run of the job.
     assert by_id["unproduced"][0].text == "text of unproduced"
+
+
+def test_a_long_waiting_queue_takes_more_jobs_than_redis_connections(
+    services, start_worker, prefix
+) -> None:
+    """256 waiting jobs on a pool of 16 Redis connections: a fetch is one pipeline."""
+    kafka, _ = services
+    names = Names(prefix)
+    worker = start_worker("--max-waiting", "256", "--redis-max-connections", "16")
+    ids = [f"q{i}" for i in range(400)]
+
+    async def scenario() -> list[bytes]:
+        await _produce(kafka.address, names.jobs_topic, [job_record(i, 2) for i in ids])
+        return await _read(kafka.address, names.results_topic, _all_ids(ids))
+
+    raw = asyncio.run(asyncio.wait_for(scenario(), TIMEOUT_S))
+    assert {job_id: len(found) for job_id, found in _results_by_id(raw).items()} == dict.fromkeys(
+        ids, 1
+    )
+    assert worker.alive
