@@ -1,8 +1,11 @@
 """The KV block pool: allocation, ref counts, and prefix caching.
 
-Blocks hold ``block_size`` token slots each. A full block is identified by the
-hash of (parent block's hash, its token ids), so two sequences that share a
-prefix share its blocks. Freed blocks keep their hash and wait in an LRU free
+Blocks hold ``block_size`` token slots each. A full block is identified by a
+SHA-256 digest of (parent block's digest, its token ids), so two sequences that
+share a prefix share its blocks. A hit is also checked against the block's own
+token ids and parent block, so even a colliding digest never lets one request
+(or tenant) attend to another's KV: Python's ``hash()`` of tuples, used here
+before, collides by design. Freed blocks keep their hash and wait in an LRU free
 queue; they are evicted (their hash forgotten) only when a block is needed.
 
 Free queue order (front is taken first):
@@ -13,7 +16,10 @@ A finished sequence frees its blocks tail first, so the end of a prompt is
 evicted before its beginning, which other prompts are likelier to share.
 """
 
+import hashlib
+from array import array
 from collections import OrderedDict
+from collections.abc import Sequence as Tokens
 from dataclasses import dataclass
 
 from worker.sequence import Sequence
@@ -23,7 +29,16 @@ from worker.sequence import Sequence
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: bytes | None = None
+    # What the cached block holds: checked on every hit.
+    token_ids: tuple[int, ...] = ()
+    parent_id: int | None = None
+
+
+def block_digest(parent: bytes | None, token_ids: Tokens[int]) -> bytes:
+    """The prefix-cache key of a full block: its tokens and, through the parent's
+    digest, every token before them."""
+    return hashlib.sha256((parent or b"") + array("q", token_ids).tobytes()).digest()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -39,7 +54,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.cached_blocks: dict[int, int] = {}  # block hash -> block id
+        self.cached_blocks: dict[bytes, int] = {}  # block digest -> block id
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # prompt tokens found
 
@@ -63,7 +78,7 @@ class BlockManager:
         tokens, size = seq.token_ids, self.block_size
         for i in range(len(seq.block_hashes), len(tokens) // size):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
-            seq.block_hashes.append(hash((parent, tuple(tokens[i * size : (i + 1) * size]))))
+            seq.block_hashes.append(block_digest(parent, tokens[i * size : (i + 1) * size]))
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold the start of a sequence that has no blocks yet.
@@ -76,10 +91,17 @@ class BlockManager:
         self._hash_full_blocks(seq)
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []
-        for block_hash in seq.block_hashes[:max_blocks]:
+        size = self.block_size
+        for i, block_hash in enumerate(seq.block_hashes[:max_blocks]):
             block_id = self.cached_blocks.get(block_hash)
             if block_id is None:
                 break
+            block = self.blocks[block_id]
+            parent = hits[-1] if hits else None
+            if block.parent_id != parent or block.token_ids != tuple(
+                seq.token_ids[i * size : (i + 1) * size]
+            ):
+                break  # a digest collision: not this prefix
             hits.append(block_id)
         return hits
 
@@ -134,11 +156,14 @@ class BlockManager:
         if num_full <= seq.num_registered_blocks:
             return
         self._hash_full_blocks(seq)
+        size = self.block_size
         for i in range(seq.num_registered_blocks, num_full):
             block = self.blocks[seq.block_ids[i]]
             block_hash = seq.block_hashes[i]
             if block.block_hash is None and block_hash not in self.cached_blocks:
                 block.block_hash = block_hash
+                block.token_ids = tuple(seq.token_ids[i * size : (i + 1) * size])
+                block.parent_id = seq.block_ids[i - 1] if i else None
                 self.cached_blocks[block_hash] = block.block_id
         seq.num_registered_blocks = num_full
 

@@ -38,7 +38,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None

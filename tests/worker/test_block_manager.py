@@ -2,6 +2,7 @@
 
 import pytest
 
+from worker import block_manager
 from worker.block_manager import BlockManager
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
@@ -107,3 +108,32 @@ def test_can_admit_respects_the_watermark() -> None:
     assert pool.can_admit(36, reserved_blocks=1)
     assert not pool.can_admit(37, reserved_blocks=1)
     assert pool.usage == 0.0
+
+
+def test_a_digest_collision_never_shares_another_prefixs_blocks(monkeypatch) -> None:
+    """Forced collisions: a hit must hold the same tokens after the same parent block."""
+    # Every block collides with every other: different tokens never hit.
+    monkeypatch.setattr(block_manager, "block_digest", lambda parent, tokens: b"same")
+    pool = BlockManager(num_blocks=12, block_size=BLOCK, enable_prefix_caching=True)
+    _computed(pool, list(range(12)))
+    assert pool.get_computed_blocks(_seq([99, *range(1, 12)], 1)) == []
+    assert pool.get_computed_blocks(_seq(list(range(12)), 2)) == [0]
+
+    # Digests blind to the parent: equal tokens after different prefixes collide.
+    blind = lambda parent, tokens: bytes(str(list(tokens)), "ascii")  # noqa: E731
+    monkeypatch.setattr(block_manager, "block_digest", blind)
+    pool = BlockManager(num_blocks=12, block_size=BLOCK, enable_prefix_caching=True)
+    first = _computed(pool, [0, 1, 2, 3, 4, 5, 6, 7, 8])
+    second = _computed(pool, [20, 21, 22, 23, 4, 5, 6, 7, 8], 1)
+    hits = pool.get_computed_blocks(_seq([20, 21, 22, 23, 4, 5, 6, 7, 9], 2))
+    # Its first block is the second prompt's; the next one, though its digest and
+    # tokens match, follows the first prompt's first block: not this prefix.
+    assert hits == [second.block_ids[0]]
+    assert first.block_ids[1] not in hits
+
+
+def test_block_digests_chain_the_whole_prefix() -> None:
+    tokens = [4, 5, 6, 7]
+    assert block_manager.block_digest(None, tokens) == block_manager.block_digest(None, tokens)
+    assert block_manager.block_digest(b"a", tokens) != block_manager.block_digest(b"b", tokens)
+    assert block_manager.block_digest(None, [2**40]) != block_manager.block_digest(None, [0])
