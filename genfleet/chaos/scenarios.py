@@ -22,6 +22,7 @@ from genfleet.chaos.target import (
     run_id,
     skipped,
     wait_for,
+    workers_kept,
 )
 from queue_schemas import JobStatus
 
@@ -86,18 +87,18 @@ async def poison_records(target: Target, good: int = 100, context_tokens: int = 
         counts[j] == 1 and by_id[j].status is JobStatus.FAILED and bool(by_id[j].error)
         for j in readable
     )
-    workers_after = alive(target)
+    kept_workers, workers_note = workers_kept(target, workers_before)
     passed = (
         served_once == good
         and lettered == len(bad)
         and failed_visibly == len(readable)
-        and (workers_before is None or workers_after == workers_before)
+        and kept_workers
     )
     detail = (
         f"good served once {served_once}/{good}; dead-lettered {lettered}/{len(bad)}"
         f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}; "
         f"failed visibly {failed_visibly}/{len(readable)}; codecs {','.join(CODECS)}"
-        f"{_workers(workers_before, workers_after)}"
+        f"{workers_note}"
     )
     return Verdict(name, passed, detail)
 
@@ -108,10 +109,6 @@ def _letter_of(letter, record) -> bool:
     if record.value is None:
         return letter.value_null and letter.key_base64 is not None
     return letter.raw_sha256 == hashlib.sha256(record.value).hexdigest()
-
-
-def _workers(before: int | None, after: int | None) -> str:
-    return "" if before is None or after is None else f"; workers alive {after}/{before}"
 
 
 async def exactly_once(target: Target, jobs: int = 2000) -> Verdict:
@@ -173,17 +170,12 @@ async def redis_restart(target: Target, jobs: int = 12, tokens: int = 600) -> Ve
     after = [j for j in ended if (by_id[j].finished_at or stopped_at) >= stopped_at]
     kept = sum(bool(final[j]) and final[j]["status"] == by_id[j].status.value for j in after)  # type: ignore[index]
     whole = sum(texts[j] == by_id[j].text for j in after)
-    workers_after = alive(target)
-    passed = (
-        once == jobs
-        and len(ended) == jobs
-        and kept == whole == len(after)
-        and (workers_before is None or workers_after == workers_before)
-    )
+    kept_workers, workers_note = workers_kept(target, workers_before)
+    passed = once == jobs and len(ended) == jobs and kept == whole == len(after) and kept_workers
     detail = (
         f"{jobs} jobs: completed {completed}, failed {len(ended) - completed}, "
         f"one result {once}/{jobs}; ended after the stop {len(after)}: final state in Redis "
-        f"{kept}, whole event stream {whole}{_workers(workers_before, workers_after)}"
+        f"{kept}, whole event stream {whole}{workers_note}"
     )
     return Verdict(name, passed, detail)
 
@@ -217,16 +209,12 @@ async def broker_restart(target: Target, jobs: int = 8, tokens: int = 150) -> Ve
             on_topic = sum(results.counts()[j] == 1 for j in fresh)
     finally:
         await states.close()
-    workers_after = alive(target)
-    passed = (
-        ended == jobs
-        and served == len(fresh)
-        and (workers_before is None or workers_after == workers_before)
-    )
+    kept_workers, workers_note = workers_kept(target, workers_before)
+    passed = ended == jobs and served == len(fresh) and kept_workers
     detail = (
         f"running at the restart {jobs}, ended after it {ended}; new jobs after it "
         f"completed {served}/{len(fresh)} (their results on the topic {on_topic})"
-        f"{_workers(workers_before, workers_after)}"
+        f"{workers_note}"
     )
     return Verdict(name, passed, detail)
 

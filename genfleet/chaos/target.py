@@ -222,7 +222,9 @@ def alive(target: Target) -> int | None:
     return None if probe is None else probe()
 
 
-def workers_line(before: int | None, after: int | None) -> tuple[bool, str]:
+def workers_kept(target: Target, before: int | None) -> tuple[bool, str]:
+    """Whether as many workers are alive as ``before``, and a note of it for a verdict."""
+    after = alive(target)
     if before is None or after is None:
         return True, ""
-    return after >= before, f"; workers alive {after}/{before}"
+    return after == before, f"; workers alive {after}/{before}"
