@@ -16,10 +16,12 @@ API_START_TIMEOUT_S = 30.0
 
 
 class FleetProcess:
-    def __init__(self, command: str, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, command: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "genfleet.cli", command, *args],
             stdout=self._log,

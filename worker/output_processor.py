@@ -7,6 +7,7 @@ the beginning of a stop string that the next token completes.
 
 import time
 
+from worker.outputs import FinishReason
 from worker.sequence import Sequence
 
 
@@ -24,7 +25,7 @@ def _find_stop_string(seq: Sequence, new_text_len: int) -> str | None:
 
 def _stop_reason(
     seq: Sequence, token_id: int, new_text_len: int, eos_token_ids: set[int], max_model_len: int
-) -> tuple[str, int | str | None] | None:
+) -> tuple[FinishReason, int | str | None] | None:
     params = seq.params
     if seq.num_output_tokens >= params.min_tokens:
         if not params.ignore_eos and token_id in eos_token_ids:

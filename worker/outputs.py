@@ -1,6 +1,10 @@
 """What the engine hands back: per-step deltas for services, whole outputs for LLM.generate."""
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+# Why a request ended: a stop condition, its length limit, or an abort.
+FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass
@@ -37,7 +41,7 @@ class RequestDelta:
     new_text: str
     new_logprobs: list[dict[int, float]]
     finished: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     stop_reason: int | str | None
     usage: Usage
     timings: Timings
@@ -48,7 +52,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] | None = None
 

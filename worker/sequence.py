@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.detokenizer import IncrementalDetokenizer
+from worker.outputs import FinishReason
 from worker.sampling_params import SamplingParams
 
 
@@ -41,7 +42,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     output_text: str = ""
     num_emitted_chars: int = 0

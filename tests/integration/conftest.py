@@ -23,17 +23,18 @@ def prefix() -> str:
 
 @pytest.fixture
 def start_worker(services, chat_model, prefix, tmp_path):
-    """start_worker(*extra_flags) -> a running worker process on this test's topics."""
+    """start_worker(*extra_flags, env=None) -> a running worker process on this test's
+    topics (``env``: extra environment variables)."""
     kafka, redis = services
     workers: list[FleetProcess] = []
 
-    def start(*extra: str) -> FleetProcess:
+    def start(*extra: str, env: dict[str, str] | None = None) -> FleetProcess:
         args = [
             "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
             "--model", str(chat_model), "--topic-prefix", prefix,
             "--jobs-partitions", "4", *extra,
         ]  # fmt: skip
-        worker = FleetProcess("worker", args, tmp_path / f"worker-{len(workers)}.log")
+        worker = FleetProcess("worker", args, tmp_path / f"worker-{len(workers)}.log", env)
         workers.append(worker)
         return worker
 

@@ -1,11 +1,11 @@
 """``genfleet worker``: Kafka in, engine, Redis and the results topic out.
 
-Tasks on one event loop, the engine in its own thread:
+Tasks on one event loop; the engine runs in its own process (``engine_client``):
 
     intake   getmany -> each record: parse -> dead-letter | skip | engine.add
-    outputs  engine deltas -> Redis pipeline (events, result claims) per step
+    outputs  engine step outputs -> Redis pipeline (events, result claims) per step
     results  claimed results -> results topic -> ``result_sent`` -> offset done
-    control  Redis pub/sub: cancellations -> engine.abort
+    cancels  Redis pub/sub: cancellations -> engine.abort (``cancellations``)
     commits  every second: per partition, up to the lowest unfinished offset
     watch    engine stalls, topics after a broker restart
 
@@ -18,53 +18,43 @@ failed or stalled engine stops it, loudly, with exit status 1.
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
-from pydantic import ValidationError
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from queue_schemas import (
-    CancelJob,
-    DeadLetter,
-    JobRequest,
-    JobResult,
-    JobStatus,
-    Names,
-    TokenEvent,
-)
-from queue_schemas import Usage as WireUsage
+from queue_schemas import DeadLetter, JobRequest, JobResult, JobStatus, Names
 from queue_schemas.messages import now
 from queue_schemas.redis_records import Delivery
-from worker.engine import LLMEngine, Prompt
-from worker.outputs import RequestDelta
 from worker.sampling_params import SamplingParams
 from worker.service.admission import Action, decide
 from worker.service.backpressure import Backpressure
+from worker.service.cancellations import Cancellations
 from worker.service.commits import Committer
-from worker.service.engine_thread import EngineThread
-from worker.service.intake import (
-    Rejected,
-    engine_prompt,
-    longest_token_bytes,
-    parse_job,
-    sampling_params,
-)
+from worker.service.engine_client import EngineClient, EngineFailed
+from worker.service.engine_protocol import Output
+from worker.service.flights import Attempts, InFlight, JobKey, Record, key_of
+from worker.service.intake import Rejected, parse_job, sampling_params
 from worker.service.kafka_out import KafkaOut
+from worker.service.logs import configure_logging
 from worker.service.offsets import OffsetTracker
 from worker.service.publisher import History, RedisPublisher, TenantEvent
 from worker.service.settings import WorkerSettings
+from worker.service.wire import (
+    cancelled_result,
+    finished_result,
+    lost_result,
+    refusal,
+    rejected_result,
+    token_event,
+)
 
 log = logging.getLogger("genfleet.worker")
 COMMIT_INTERVAL_S = 1.0
@@ -76,36 +66,6 @@ TOPIC_CHECK_S = 5.0
 RELEASE_WAIT_S = 5.0
 STOP_TIMEOUT_S = 10.0
 
-JobKey = tuple[str, str]  # (tenant, job id): job ids are unique within a tenant
-
-
-@dataclass(frozen=True)
-class Record:
-    """Where a record came from: its offset counts as done once the job is settled."""
-
-    partition: TopicPartition
-    offset: int
-
-
-@dataclass
-class InFlight:
-    job: JobRequest
-    record: Record
-    started_at: datetime
-    # The engine's id for this attempt at the job, unique in the fleet: it also
-    # claims the job's result (``redis_records.FINISH_SCRIPT``).
-    request_id: str
-    # False after a rebalance took the record's partition: the job runs on, its
-    # offset no longer ours, until the partition is assigned elsewhere.
-    attached: bool = True
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    events: list[TokenEvent] = field(default_factory=list)
-
-    @property
-    def key(self) -> JobKey:
-        return (self.job.tenant, self.job.job_id)
-
 
 @dataclass
 class _Start:
@@ -113,16 +73,7 @@ class _Start:
 
     flight: InFlight
     raw: ConsumerRecord
-    prompt: Prompt
     params: SamplingParams
-
-
-def _key(job: JobRequest | JobResult) -> JobKey:
-    return (job.tenant, job.job_id)
-
-
-def _epoch(seconds: float | None) -> datetime | None:
-    return datetime.fromtimestamp(seconds, UTC) if seconds else None
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -138,15 +89,9 @@ class _Rebalance(ConsumerRebalanceListener):
 
 
 class WorkerService:
-    def __init__(self, settings: WorkerSettings, engine: LLMEngine | None = None) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.names = Names(settings.topic_prefix)
-        self.engine = engine or LLMEngine(settings.engine_config())
-        self.max_prompt_bytes = (
-            None
-            if self.engine.tokenizer is None
-            else self.engine.max_model_len * longest_token_bytes(self.engine.tokenizer)
-        )
         self.offsets = OffsetTracker()
         self.jobs: dict[JobKey, InFlight] = {}
         self.by_request: dict[str, InFlight] = {}
@@ -155,17 +100,38 @@ class WorkerService:
         )
         self.stopping = asyncio.Event()
         self.failed = False
-        self._deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
+        self._outputs_in: asyncio.Queue[list[Output]] = asyncio.Queue()
         self._to_send: asyncio.Queue[tuple[JobResult, Record | None]] = asyncio.Queue()
-        self._attempts = itertools.count()
+        self.attempts = Attempts(settings.worker_id)
         self._background: set[asyncio.Task] = set()
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve until SIGTERM or a failure. The engine loads before the worker joins the
+        group: a model that does not load ends the worker having read and committed nothing."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        self.engine = EngineClient(self.settings, self._outputs_in.put_nowait, self._fail)
+        try:
+            ready = await self.engine.start()
+        except EngineFailed as error:
+            log.error("%s: the worker stops without serving", error)
+            self.failed = True
+            await self.engine.stop()
+            return
+        log.info(
+            "engine ready: %d KV blocks, context %d tokens",
+            ready.load.total_blocks,
+            ready.max_model_len,
+        )
+        try:
+            await self._serve()
+        finally:
+            await self.engine.stop()
+
+    async def _serve(self) -> None:
         settings = self.settings
         pool = BlockingConnectionPool.from_url(
             settings.redis_url,
@@ -197,20 +163,22 @@ class WorkerService:
         )
         self.consumer.subscribe([self.names.jobs_topic], listener=_Rebalance(self))
         self.committer = Committer(self.consumer, self.offsets)
-        self.engine_thread = EngineThread(
-            self.engine,
-            lambda deltas: loop.call_soon_threadsafe(self._deltas.put_nowait, deltas),
-            lambda error: loop.call_soon_threadsafe(self._fail, f"engine failed: {error!r}"),
+        self.cancellations = Cancellations(
+            Redis.from_url(settings.redis_url, socket_connect_timeout=settings.redis_timeout_s),
+            self.names.control_channel,
+            self.publisher,
+            lambda: self.jobs,
+            self._abort,
         )
         await self.publisher.mark()
         await self.kafka.start()
         await self.kafka.available.call(self.consumer.start)
-        self.engine_thread.start()
         log.info("worker %s serving %s", settings.worker_id, self.names.jobs_topic)
         tasks = [
             asyncio.create_task(coroutine)
             for coroutine in (
-                self._outputs(), self._results(), self._control(), self._commits(), self._watch()
+                self._outputs(), self._results(), self.cancellations.run(), self._commits(),
+                self._watch(),
             )
         ]  # fmt: skip
         for task in tasks:
@@ -231,7 +199,7 @@ class WorkerService:
                     await asyncio.wait_for(stop(), STOP_TIMEOUT_S)
                 except TimeoutError:
                     log.warning("the Kafka %s did not stop within %.0f s", name, STOP_TIMEOUT_S)
-            self.engine_thread.stop()
+            await self.cancellations.listener.aclose()
             await self.redis.aclose()
         log.info("worker %s stopped", settings.worker_id)
 
@@ -267,6 +235,8 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.drain_deadline_s
         while (self.jobs or not self._to_send.empty()) and loop.time() < deadline:
+            if self.failed:  # a failed engine finishes nothing: leave the jobs at once
+                break
             await asyncio.sleep(0.05)
         if self.jobs and not self.failed:
             log.warning("drain deadline passed: leaving %d jobs for redelivery", len(self.jobs))
@@ -281,7 +251,7 @@ class WorkerService:
                 # Keep polling (the group evicts a consumer that stops), and keep
                 # partitions that a rebalance just gave us paused too.
                 self.consumer.pause(*self.consumer.assignment())
-            room = max(1, self.gate.room(self.engine_thread.load))
+            room = max(1, self.gate.room(self.engine.load))
             try:
                 batches = await self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=room)
             except KafkaError as error:
@@ -293,7 +263,7 @@ class WorkerService:
                 await self._take(records)
 
     def _apply_backpressure(self) -> None:
-        load = self.engine_thread.load
+        load = self.engine.load
         decision = self.gate.update(load, hold=self.publisher.available.down)
         if decision is None:
             return
@@ -328,22 +298,21 @@ class WorkerService:
                 self._spawn(self._dead_letter(record, raw, job), record)
             else:
                 jobs.append((record, raw, job))
-        pasts = await self.publisher.deliveries([_key(job) for _, _, job in jobs])
+        pasts = await self.publisher.deliveries([key_of(job) for _, _, job in jobs])
         starting: list[_Start] = []
         for (record, raw, job), past in zip(jobs, pasts, strict=True):
             try:
                 flight = self._route(record, job, past)
                 if flight is not None:
-                    prompt = engine_prompt(job, self.engine.tokenizer, self.max_prompt_bytes)
-                    starting.append(_Start(flight, raw, prompt, sampling_params(job)))
+                    starting.append(_Start(flight, raw, sampling_params(job)))
             except Exception as error:  # ValueError: the job asks for what cannot be
-                self._spawn(self._dead_letter(record, raw, _refusal(job, error)), record)
+                self._spawn(self._dead_letter(record, raw, refusal(job, error)), record)
         if starting:
             await self._start(starting)
 
     def _route(self, record: Record, job: JobRequest, past: Delivery) -> InFlight | None:
         """The flight to start for this record, or None when it needs no new run."""
-        running = self.jobs.get(_key(job))
+        running = self.jobs.get(key_of(job))
         if running is not None:
             if not running.attached:  # our own job, redelivered after a rebalance
                 running.record, running.attached = record, True
@@ -358,16 +327,14 @@ class WorkerService:
         elif action is Action.CONFIRM:
             self._spawn(self._confirm(record, job, past), record)
         elif action is Action.CANCEL:
-            finish = self._finish([], [(self._cancelled(job), record, self._claimant())])
+            cancelled = cancelled_result(job, self.settings.worker_id)
+            finish = self._finish([], [(cancelled, record, self.attempts.next())])
             self._spawn(finish, record)
         elif job.deadline is not None and job.deadline < now():
             raise ValueError("deadline passed before the job started")
         else:
-            return InFlight(job, record, now(), self._claimant())
+            return InFlight(job, record, now(), self.attempts.next())
         return None
-
-    def _claimant(self) -> str:
-        return f"{self.settings.worker_id}-{next(self._attempts)}"
 
     async def _start(self, starting: list["_Start"]) -> None:
         flights = [start.flight for start in starting]
@@ -380,23 +347,23 @@ class WorkerService:
                 continue
             self.jobs[flight.key] = flight
             self.by_request[flight.request_id] = flight
-            added = self.engine_thread.add(
-                flight.request_id, start.prompt, start.params, flight.job.priority
-            )
+            added = self.engine.add(flight.request_id, flight.job, start.params)
             adds.append((start, added))
         outcomes = await asyncio.gather(*(added for _, added in adds), return_exceptions=True)
         for (start, _), outcome in zip(adds, outcomes, strict=True):
+            if isinstance(outcome, EngineFailed):
+                continue  # the worker is stopping; the job is left for redelivery
             if isinstance(outcome, BaseException):
                 flight = start.flight
                 self._forget(flight)
-                refusal = _refusal(flight.job, outcome)
-                self._spawn(self._dead_letter(flight.record, start.raw, refusal), flight.record)
+                refused = refusal(flight.job, outcome)
+                self._spawn(self._dead_letter(flight.record, start.raw, refused), flight.record)
 
     async def _look_again(self, record: Record, job: JobRequest, past: Delivery) -> None:
         assert past.claimed_at is not None
         wait = past.claimed_at + self.settings.result_confirm_grace_s - time.time()
         await asyncio.sleep(max(0.0, wait) + 0.1)
-        (fresh,) = await self.publisher.deliveries([_key(job)])
+        (fresh,) = await self.publisher.deliveries([key_of(job)])
         if decide(fresh, time.time(), self.settings.result_confirm_grace_s) is Action.SKIP:
             self._settled(record)
         else:
@@ -408,10 +375,10 @@ class WorkerService:
         if await self.kafka.result_on_topic(job.tenant, job.job_id, claimed_at):
             log.info("result of %s was on the topic already", job.job_id)
         else:
-            result = past.result or _lost(job)
+            result = past.result or lost_result(job)
             log.info("sending the result of %s for a claimant that died", job.job_id)
             await self.kafka.send_result(result)
-        await self.publisher.mark_sent([_key(job)])
+        await self.publisher.mark_sent([key_of(job)])
         self._settled(record)
 
     async def _dead_letter(self, record: Record, raw: ConsumerRecord, rejected: Rejected) -> None:
@@ -424,19 +391,11 @@ class WorkerService:
             reason=rejected.reason, key=raw.key, job_id=rejected.job_id, failed_at=now(),
         )  # fmt: skip
         await self.kafka.send_dead_letter(letter)
-        if rejected.job_id is None:
+        failure = rejected_result(rejected, letter.reason, self.settings.worker_id)
+        if failure is None:
             self._settled(record)
-            return
-        failure = JobResult(
-            job_id=rejected.job_id,
-            tenant=rejected.tenant,
-            status=JobStatus.FAILED,
-            finish_reason="error",
-            error=letter.reason,
-            worker=self.settings.worker_id,
-            finished_at=now(),
-        )
-        await self._finish([], [(failure, record, self._claimant())])
+        else:
+            await self._finish([], [(failure, record, self.attempts.next())])
 
     def _settled(self, record: Record | None) -> None:
         if record is not None:
@@ -450,24 +409,25 @@ class WorkerService:
 
     async def _outputs(self) -> None:
         while True:
-            deltas = await self._deltas.get()
-            while not self._deltas.empty():  # steps run while Redis was slow or away
-                deltas += self._deltas.get_nowait()
+            outputs = await self._outputs_in.get()
+            while not self._outputs_in.empty():  # steps run while Redis was slow or away
+                outputs += self._outputs_in.get_nowait()
             events: list[TenantEvent] = []
             finished: list[tuple[JobResult, Record | None, str]] = []
             leaving: list[InFlight] = []
-            for delta in deltas:
-                flight = self.by_request.get(delta.request_id)
+            for output in outputs:
+                flight = self.by_request.get(output.delta.request_id)
                 if flight is None:
                     continue  # a job dropped for another owner
-                event = self._event(flight, delta)
+                event = token_event(flight, output)
                 if event is not None:
                     events.append((flight.job.tenant, event))
-                if delta.finished:
+                if output.delta.finished:
                     self._forget(flight)
                     leaving.append(flight)
                     record = flight.record if flight.attached else None
-                    finished.append((self._result(flight, delta), record, flight.request_id))
+                    result = finished_result(flight, output, self.settings.worker_id)
+                    finished.append((result, record, flight.request_id))
             await self._finish(events, finished, leaving)
 
     def _history(self, leaving: list[InFlight]) -> list[History]:
@@ -492,7 +452,7 @@ class WorkerService:
             else:  # another copy of the job claimed the result first
                 self._settled(record)
             if result.status is JobStatus.CANCELLED:
-                load = self.engine_thread.load
+                load = self.engine.load
                 log.info(
                     "cancelled %s: %d/%d KV blocks free",
                     result.job_id,
@@ -507,127 +467,22 @@ class WorkerService:
                 batch.append(self._to_send.get_nowait())
             try:
                 await asyncio.gather(*(self.kafka.send_result(result) for result, _ in batch))
-                await self.publisher.mark_sent([_key(result) for result, _ in batch])
+                await self.publisher.mark_sent([key_of(result) for result, _ in batch])
                 for _, record in batch:
                     self._settled(record)
             finally:
                 for _ in batch:
                     self._to_send.task_done()
 
-    def _event(self, flight: InFlight, delta: RequestDelta) -> TokenEvent | None:
-        if not delta.new_token_ids and not delta.new_text:
-            return None
-        flight.text += delta.new_text
-        flight.token_ids += delta.new_token_ids
-        event = TokenEvent(
-            job_id=flight.job.job_id,
-            token_index=delta.token_index,
-            text=delta.new_text,
-            token_ids=delta.new_token_ids,
-            logprobs=delta.new_logprobs or None,
-            token_texts=self._token_texts(delta.new_logprobs, flight.job),
-        )
-        flight.events.append(event)
-        return event
+    # --- cancellation, rebalance, commits, watch --------------------------------------------
 
-    def _token_texts(
-        self, logprobs: list[dict[int, float]], job: JobRequest
-    ) -> dict[int, str] | None:
-        """Readers without the tokenizer (the API's OpenAI logprobs) need each token's text."""
-        tokenizer = self.engine.tokenizer
-        if not logprobs or tokenizer is None:
-            return None
-        skip = job.sampling.skip_special_tokens
-        return {
-            token_id: tokenizer.decode([token_id], skip_special_tokens=skip)
-            for top in logprobs
-            for token_id in top
-        }
-
-    def _result(self, flight: InFlight, delta: RequestDelta) -> JobResult:
-        cancelled = delta.finish_reason == "abort"
-        return JobResult(
-            job_id=flight.job.job_id,
-            tenant=flight.job.tenant,
-            status=JobStatus.CANCELLED if cancelled else JobStatus.COMPLETED,
-            text=flight.text,
-            token_ids=flight.token_ids,
-            finish_reason=delta.finish_reason,  # type: ignore[arg-type]
-            stop_reason=delta.stop_reason,
-            usage=WireUsage(
-                prompt_tokens=delta.usage.prompt_tokens,
-                completion_tokens=delta.usage.completion_tokens,
-                cached_tokens=delta.usage.cached_tokens,
-            ),
-            metadata=flight.job.metadata,
-            worker=self.settings.worker_id,
-            created_at=flight.job.created_at,
-            started_at=flight.started_at,
-            first_token_at=_epoch(delta.timings.first_token_time),
-            finished_at=now(),
-        )
-
-    def _cancelled(self, job: JobRequest) -> JobResult:
-        return JobResult(
-            job_id=job.job_id,
-            tenant=job.tenant,
-            status=JobStatus.CANCELLED,
-            finish_reason="abort",
-            metadata=job.metadata,
-            worker=self.settings.worker_id,
-            created_at=job.created_at,
-            finished_at=now(),
-        )
-
-    # --- control, rebalance, commits, watch --------------------------------------------
-
-    async def _control(self) -> None:
-        """Cancellations from the control channel; after a Redis outage, the cancel marks
-        of running jobs are read again (a message sent meanwhile is lost)."""
-        listener = Redis.from_url(
-            self.settings.redis_url, socket_connect_timeout=self.settings.redis_timeout_s
-        )
-        try:
-            while True:
-                pubsub = listener.pubsub()
-                try:
-                    await pubsub.subscribe(self.names.control_channel)
-                    await self._recheck_cancels()
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            self._on_control(message["data"])
-                except (RedisConnectionError, RedisTimeoutError, OSError) as error:
-                    self.publisher.available.failed(error)
-                    await asyncio.sleep(1.0)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()
-        finally:
-            await listener.aclose()
-
-    def _on_control(self, data: bytes) -> None:
-        try:
-            cancel = CancelJob.model_validate_json(data)
-        except ValidationError:
-            log.warning("ignoring control message %r", data[:200])
-            return
-        flight = self.jobs.get((cancel.tenant, cancel.cancel))
-        if flight is not None:
-            log.info("cancelling %s", cancel.cancel)
-            self.engine_thread.abort(flight.request_id)
-
-    async def _recheck_cancels(self) -> None:
-        flights = list(self.jobs.values())
-        marks = await self.publisher.cancelled([flight.key for flight in flights])
-        for flight, cancelled in zip(flights, marks, strict=True):
-            if cancelled:
-                log.info("cancelling %s", flight.job.job_id)
-                self.engine_thread.abort(flight.request_id)
+    def _abort(self, flight: InFlight) -> None:
+        self.engine.abort(flight.request_id)
 
     def _abandon(self, flights: list[InFlight]) -> None:
         for flight in flights:
             self._forget(flight)
-            self.engine_thread.abort(flight.request_id)
+            self._abort(flight)
 
     async def release(self, revoked: set[TopicPartition]) -> None:
         """Partitions taken away: send claimed results, commit what is done, and detach
@@ -676,7 +531,7 @@ class WorkerService:
         last_topic_check = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            stalled = self.engine_thread.stalled_for()
+            stalled = self.engine.stalled_for()
             if stalled > self.settings.stuck_timeout_s:
                 self._fail(f"engine step running for {stalled:.0f} s")
                 return
@@ -690,26 +545,9 @@ class WorkerService:
                     await self.kafka.ensure_topics()
 
 
-def _refusal(job: JobRequest, error: BaseException) -> Rejected:
-    reason = str(error) if isinstance(error, ValueError) else f"cannot be served: {error!r}"
-    return Rejected(reason, job.job_id, job.tenant)
-
-
-def _lost(job: JobRequest) -> JobResult:
-    return JobResult(
-        job_id=job.job_id,
-        tenant=job.tenant,
-        status=JobStatus.FAILED,
-        finish_reason="error",
-        error="the job's result was lost",
-        metadata=job.metadata,
-        finished_at=now(),
-    )
-
-
 def run_worker(settings: WorkerSettings) -> int:
     """Serve until SIGTERM; the exit status is 0 unless the engine or a task failed."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     service = WorkerService(settings)
     asyncio.run(service.run())
     return 1 if service.failed else 0

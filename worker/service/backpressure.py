@@ -9,7 +9,7 @@ The gap between the two marks keeps us from flapping.
 
 from dataclasses import dataclass
 
-from worker.service.engine_thread import EngineLoad
+from worker.service.engine_protocol import EngineLoad
 
 
 @dataclass

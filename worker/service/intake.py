@@ -9,11 +9,9 @@ import json
 from dataclasses import dataclass
 
 from pydantic import TypeAdapter, ValidationError
-from transformers import PreTrainedTokenizerBase
 
 from queue_schemas import JobRequest
 from queue_schemas.bounds import JobId, TenantName
-from worker.engine import Prompt
 from worker.sampling_params import SamplingParams
 
 
@@ -22,6 +20,11 @@ class Rejected:
     reason: str
     job_id: str | None = None
     tenant: str = "default"
+
+
+def reason_for(error: BaseException) -> str:
+    """Why a job cannot be served: a ValueError names it; anything else is shown whole."""
+    return str(error) if isinstance(error, ValueError) else f"cannot be served: {error!r}"
 
 
 _JOB_ID = TypeAdapter(JobId)
@@ -72,40 +75,6 @@ def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
         if owner is None:
             return Rejected(f"invalid job: {problems}")
         return Rejected(f"invalid job: {problems}", *owner)
-
-
-def longest_token_bytes(tokenizer: PreTrainedTokenizerBase) -> int:
-    """UTF-8 length of the vocabulary's longest token string. Each token's string takes
-    at least as many bytes as the text it stands for, so a text of B bytes needs at
-    least B / this many tokens."""
-    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return max(len(str(token).encode()) for token in tokens if token is not None)
-
-
-def _check_length(text_bytes: int, max_prompt_bytes: int | None) -> None:
-    if max_prompt_bytes is not None and text_bytes > max_prompt_bytes:
-        raise ValueError(
-            f"the prompt has {text_bytes} bytes of text, more than the model's context "
-            f"can hold in tokens (at most {max_prompt_bytes} bytes)"
-        )
-
-
-def engine_prompt(
-    job: JobRequest, tokenizer: PreTrainedTokenizerBase | None, max_prompt_bytes: int | None
-) -> Prompt:
-    """The job's prompt as the engine takes it; chat messages go through the chat template.
-    A text too long for the context is refused before it is tokenized."""
-    if job.prompt_token_ids is not None:
-        return {"prompt_token_ids": list(job.prompt_token_ids)}
-    if job.messages is not None:
-        if tokenizer is None or tokenizer.chat_template is None:
-            raise ValueError("chat messages need a model with a chat template")
-        _check_length(sum(len(m.content.encode()) for m in job.messages), max_prompt_bytes)
-        messages = [message.model_dump() for message in job.messages]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert job.prompt is not None
-    _check_length(len(job.prompt.encode()), max_prompt_bytes)
-    return job.prompt
 
 
 def sampling_params(job: JobRequest) -> SamplingParams:

@@ -3,7 +3,7 @@
 import pytest
 
 from worker.service.backpressure import Backpressure
-from worker.service.engine_thread import EngineLoad
+from worker.service.engine_protocol import EngineLoad
 
 
 def _load(free: int, waiting: int = 0) -> EngineLoad:

@@ -20,13 +20,8 @@ from tests.strategies import chat_bodies, completion_bodies, job_records, json_v
 from worker import SamplingParams
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
-from worker.service.intake import (
-    Rejected,
-    engine_prompt,
-    longest_token_bytes,
-    parse_job,
-    sampling_params,
-)
+from worker.service.intake import Rejected, parse_job, sampling_params
+from worker.service.job_prompts import engine_prompt, longest_token_bytes
 
 SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
 SETTINGS = hypothesis.settings(

@@ -1,0 +1,147 @@
+"""The engine process: builds the model and steps it on its own main thread.
+
+It is the only process of a worker that runs torch, so torch's thread pools
+and the GIL are the engine's alone (the service's Redis and Kafka I/O lives in
+the parent). A reader thread takes commands off the pipe into a queue; the
+main thread applies every queued command between two steps, waits for one only
+when it has nothing to run, and sends each step's outputs back in one frame.
+
+It ends on ``Stop``, when the service's end of the pipe closes (the service
+died), or on a failure, which it reports as ``Failed`` before exiting 1.
+Signals are the service's to handle: Ctrl-C in a terminal reaches the whole
+process group, and the engine must outlive it until the service drains.
+"""
+
+import contextlib
+import logging
+import queue
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from worker.engine import LLMEngine
+from worker.outputs import RequestDelta
+from worker.service.engine_protocol import (
+    Abort,
+    Accepted,
+    Add,
+    Command,
+    EngineLoad,
+    Event,
+    Failed,
+    Output,
+    Ready,
+    Refused,
+    StepOutput,
+    Stop,
+    decode,
+    encode,
+)
+from worker.service.intake import reason_for
+from worker.service.job_prompts import engine_prompt, longest_token_bytes
+from worker.service.logs import configure_logging
+from worker.service.settings import WorkerSettings
+
+log = logging.getLogger("genfleet.engine")
+
+
+class EngineCore:
+    def __init__(self, engine: LLMEngine, conn: Connection) -> None:
+        self.engine = engine
+        self.conn = conn
+        tokenizer = engine.tokenizer
+        self.max_prompt_bytes = (
+            None if tokenizer is None else engine.max_model_len * longest_token_bytes(tokenizer)
+        )
+        self.inbox: queue.Queue[Command] = queue.Queue()
+        self.applied = 0
+        # Requests that asked for logprobs: whether their token texts skip special tokens.
+        self._texts_for: dict[str, bool] = {}
+
+    def send(self, message: Event) -> None:
+        self.conn.send_bytes(encode(message))
+
+    def load(self) -> EngineLoad:
+        pool, scheduler = self.engine.block_manager, self.engine.scheduler
+        return EngineLoad(
+            free_blocks=pool.num_free_blocks,
+            total_blocks=pool.num_blocks,
+            waiting=scheduler.num_waiting,
+            running=len(scheduler.running),
+        )
+
+    def read_commands(self) -> None:
+        """On the reader thread: the pipe into the inbox; a closed pipe is a Stop."""
+        try:
+            while True:
+                self.inbox.put(decode(self.conn.recv_bytes()))  # type: ignore[arg-type]
+        except (EOFError, OSError):
+            self.inbox.put(Stop())
+
+    def serve(self) -> None:
+        self.send(Ready(self.load(), self.engine.max_model_len))
+        while True:
+            try:
+                while True:  # every command that has arrived; wait for one only when idle
+                    command = self.inbox.get(block=not self.engine.has_unfinished_requests())
+                    if isinstance(command, Stop):
+                        return
+                    self.apply(command)
+            except queue.Empty:
+                pass
+            applied = self.applied
+            deltas = self.engine.step()
+            outputs = [Output(delta, self._token_texts(delta)) for delta in deltas]
+            busy = self.engine.has_unfinished_requests()
+            self.send(StepOutput(outputs, self.load(), applied, busy))
+
+    def apply(self, command: Add | Abort) -> None:
+        self.applied += 1
+        if isinstance(command, Abort):
+            self.engine.abort_request(command.request_id)
+            return
+        try:
+            prompt = engine_prompt(command.job, self.engine.tokenizer, self.max_prompt_bytes)
+            self.engine.add_request(
+                command.request_id, prompt, command.params, command.job.priority
+            )
+        except Exception as error:  # the request fails alone, the engine is as it was
+            self.send(Refused(command.request_id, reason_for(error)))
+            return
+        if command.params.logprobs is not None:
+            self._texts_for[command.request_id] = command.params.skip_special_tokens
+        self.send(Accepted(command.request_id))
+
+    def _token_texts(self, delta: RequestDelta) -> dict[int, str] | None:
+        skip = (
+            self._texts_for.pop(delta.request_id, None)
+            if delta.finished
+            else self._texts_for.get(delta.request_id)
+        )
+        tokenizer = self.engine.tokenizer
+        if skip is None or not delta.new_logprobs or tokenizer is None:
+            return None
+        return {
+            token_id: tokenizer.decode([token_id], skip_special_tokens=skip)
+            for top in delta.new_logprobs
+            for token_id in top
+        }
+
+
+def run_engine_process(settings: WorkerSettings, conn: Connection) -> None:
+    """The engine process's entry point (``multiprocessing`` spawns it)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    configure_logging()
+    try:
+        core = EngineCore(LLMEngine(settings.engine_config()), conn)
+        threading.Thread(target=core.read_commands, name="commands", daemon=True).start()
+        core.serve()
+    except Exception as error:
+        log.exception("engine failed")
+        cause = "".join(traceback.format_exception_only(error)).strip()
+        with contextlib.suppress(OSError):  # the service may be gone already
+            conn.send_bytes(encode(Failed(cause)))
+        sys.exit(1)

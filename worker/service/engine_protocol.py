@@ -1,0 +1,106 @@
+"""What the service and the engine process say to each other over their pipe.
+
+Plain dataclasses, pickled: every message is one ``send_bytes`` frame. The
+service sends commands; the engine answers each ``Add`` once (``Accepted`` or
+``Refused``) and sends one ``StepOutput`` per step with work, carrying every
+delta of that step and the load snapshot that admission control reads.
+Imports no torch, so the service process never loads it.
+"""
+
+import pickle
+from dataclasses import dataclass
+
+from queue_schemas import JobRequest
+from worker.outputs import RequestDelta
+from worker.sampling_params import SamplingParams
+
+
+@dataclass
+class Add:
+    request_id: str
+    # The engine process turns the job into a prompt (chat template, length check):
+    # the tokenizer lives there only.
+    job: JobRequest
+    params: SamplingParams
+
+
+@dataclass
+class Abort:
+    request_id: str
+
+
+@dataclass
+class Stop:
+    """Finish the current step and exit."""
+
+
+Command = Add | Abort | Stop
+
+
+@dataclass
+class EngineLoad:
+    """What admission control reads, refreshed after every step."""
+
+    free_blocks: int
+    total_blocks: int
+    waiting: int
+    running: int = 0
+
+
+@dataclass
+class Ready:
+    """The model is loaded and the engine takes requests."""
+
+    load: EngineLoad
+    max_model_len: int
+
+
+@dataclass
+class Accepted:
+    request_id: str
+
+
+@dataclass
+class Refused:
+    """The engine cannot serve this request (a ValueError naming why); nothing else changed."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass
+class Output:
+    delta: RequestDelta
+    # Each top-logprob token's text, for readers without the tokenizer (the API's
+    # OpenAI logprobs); None when the request asked for no logprobs.
+    token_texts: dict[int, str] | None = None
+
+
+@dataclass
+class StepOutput:
+    outputs: list[Output]
+    load: EngineLoad
+    # How many commands the engine had applied when the step began, and whether
+    # it still has requests: the service's stall watch reads both.
+    applied: int
+    busy: bool
+
+
+@dataclass
+class Failed:
+    """The engine cannot go on (a step raised, the model did not load); it exits next."""
+
+    reason: str
+
+
+Event = Ready | Accepted | Refused | StepOutput | Failed
+
+
+def encode(message: Command | Event) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(frame: bytes) -> Command | Event:
+    # Both ends of the pipe are this worker's own processes: the frames are trusted.
+    message: Command | Event = pickle.loads(frame)
+    return message

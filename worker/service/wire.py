@@ -1,0 +1,110 @@
+"""From what the engine reports to what the wire carries: token events and results.
+
+Pure functions of a flight and the engine's output, so every mapping is a unit
+test without a broker (``tests/worker/service/test_wire.py``).
+"""
+
+from datetime import UTC, datetime
+
+from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
+from queue_schemas import Usage as WireUsage
+from queue_schemas.messages import now
+from worker.service.engine_protocol import Output
+from worker.service.flights import InFlight
+from worker.service.intake import Rejected, reason_for
+
+
+def _epoch(seconds: float | None) -> datetime | None:
+    return datetime.fromtimestamp(seconds, UTC) if seconds else None
+
+
+def token_event(flight: InFlight, output: Output) -> TokenEvent | None:
+    """The event for one step's new tokens (None when the step added none); the flight
+    keeps the text, ids and events so far, for its result and for repairs."""
+    delta = output.delta
+    if not delta.new_token_ids and not delta.new_text:
+        return None
+    flight.text += delta.new_text
+    flight.token_ids += delta.new_token_ids
+    event = TokenEvent(
+        job_id=flight.job.job_id,
+        token_index=delta.token_index,
+        text=delta.new_text,
+        token_ids=delta.new_token_ids,
+        logprobs=delta.new_logprobs or None,
+        token_texts=output.token_texts,
+    )
+    flight.events.append(event)
+    return event
+
+
+def finished_result(flight: InFlight, output: Output, worker: str) -> JobResult:
+    """The result of a flight whose last delta this is (completed, or cancelled by abort)."""
+    delta = output.delta
+    return JobResult(
+        job_id=flight.job.job_id,
+        tenant=flight.job.tenant,
+        status=JobStatus.CANCELLED if delta.finish_reason == "abort" else JobStatus.COMPLETED,
+        text=flight.text,
+        token_ids=flight.token_ids,
+        finish_reason=delta.finish_reason,
+        stop_reason=delta.stop_reason,
+        usage=WireUsage(
+            prompt_tokens=delta.usage.prompt_tokens,
+            completion_tokens=delta.usage.completion_tokens,
+            cached_tokens=delta.usage.cached_tokens,
+        ),
+        metadata=flight.job.metadata,
+        worker=worker,
+        created_at=flight.job.created_at,
+        started_at=flight.started_at,
+        first_token_at=_epoch(delta.timings.first_token_time),
+        finished_at=now(),
+    )
+
+
+def cancelled_result(job: JobRequest, worker: str) -> JobResult:
+    """A job cancelled before any worker ran it to the end."""
+    return JobResult(
+        job_id=job.job_id,
+        tenant=job.tenant,
+        status=JobStatus.CANCELLED,
+        finish_reason="abort",
+        metadata=job.metadata,
+        worker=worker,
+        created_at=job.created_at,
+        finished_at=now(),
+    )
+
+
+def rejected_result(rejected: Rejected, reason: str, worker: str) -> JobResult | None:
+    """The failure of a record that cannot be served, or None when it names no job."""
+    if rejected.job_id is None:
+        return None
+    return JobResult(
+        job_id=rejected.job_id,
+        tenant=rejected.tenant,
+        status=JobStatus.FAILED,
+        finish_reason="error",
+        error=reason,
+        worker=worker,
+        finished_at=now(),
+    )
+
+
+def lost_result(job: JobRequest) -> JobResult:
+    """For a job whose claimant died and whose stored result is gone too."""
+    return JobResult(
+        job_id=job.job_id,
+        tenant=job.tenant,
+        status=JobStatus.FAILED,
+        finish_reason="error",
+        error="the job's result was lost",
+        metadata=job.metadata,
+        finished_at=now(),
+    )
+
+
+def refusal(job: JobRequest, error: BaseException) -> Rejected:
+    """A parsed job that cannot be served: the engine's ValueError names why."""
+    return Rejected(reason_for(error), job.job_id, job.tenant)
