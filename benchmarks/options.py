@@ -12,7 +12,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated HF baselines: single, static8, static20",
     )
     parser.add_argument(
-        "--dtypes", default="float32,bfloat16", help="comma-separated dtypes for every system"
+        "--dtypes",
+        default=None,
+        help="comma-separated dtypes for every system (default float32,bfloat16; "
+        "with --fleet one dtype, default bfloat16)",
+    )
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="the whole fleet (broker, Redis, one worker, the API) over HTTP "
+        "against the offline engine on the same requests",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")

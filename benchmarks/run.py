@@ -3,19 +3,23 @@
 import argparse
 import statistics
 from collections.abc import Collection
+from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
+from transformers import PreTrainedTokenizerBase
 
 from benchmarks.engine_driver import run_engine
+from benchmarks.fleet import run_fleet, worker_flags
 from benchmarks.hf_baseline import load_hf_model, run_hf
 from benchmarks.metrics import RunSummary
-from benchmarks.workloads import OUTPUT_TOKENS, make_workload
+from benchmarks.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.config import DTYPES
 from worker.engine import load_tokenizer
 from worker.model_fetch import resolve_model
+from worker.service.settings import WorkerSettings
 
 BASELINE_BATCH = {"single": 1, "static8": 8, "static20": 20}
 # Poisson arrivals at this fraction of the engine's burst throughput: near capacity.
@@ -72,15 +76,23 @@ def _warm(engine: LLMEngine) -> None:
         engine.step()
 
 
+def _poisson_rate(burst_tokens_per_s: float) -> float:
+    return CAPACITY_FRACTION * burst_tokens_per_s / statistics.fmean(OUTPUT_TOKENS)
+
+
 def run_benchmark(args: argparse.Namespace) -> int:
     workloads = _split(args.workloads, {"burst", "poisson"})
-    baselines = _split(args.baselines, BASELINE_BATCH)
-    dtypes = _split(args.dtypes, DTYPES)
+    if "poisson" in workloads and args.rate is None and workloads[0] != "burst":
+        raise ValueError("poisson needs --rate, or the burst workload first to measure capacity")
     folder = resolve_model(args.model)
     tokenizer = load_tokenizer(folder)
     if tokenizer is None:
         raise ValueError("the benchmark needs a model folder with a tokenizer")
     console = Console()
+    if args.fleet:
+        return _fleet_benchmark(args, workloads, folder, tokenizer, console)
+    baselines = _split(args.baselines, BASELINE_BATCH)
+    dtypes = _split(args.dtypes or "float32,bfloat16", DTYPES)
     engines = {}
     for dtype in dtypes:
         config = EngineConfig(
@@ -96,10 +108,6 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
     rate = args.rate
     for workload in workloads:
-        if workload == "poisson" and rate is None:
-            raise ValueError(
-                "poisson needs --rate, or the burst workload first to measure capacity"
-            )
         requests = make_workload(workload, tokenizer, args.seed, rate)
         rows = []
         for dtype, engine in engines.items():
@@ -119,5 +127,56 @@ def run_benchmark(args: argparse.Namespace) -> int:
         console.print(_verdict(rows))
         if workload == "burst" and rate is None:
             best = max(r.output_tokens_per_s for r in rows if r.system.startswith("genfleet"))
-            rate = CAPACITY_FRACTION * best / statistics.fmean(OUTPUT_TOKENS)
+            rate = _poisson_rate(best)
+    return 0
+
+
+def _fleet_benchmark(
+    args: argparse.Namespace,
+    workloads: list[str],
+    folder: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    console: Console,
+) -> int:
+    """The offline engine on each workload, then the fleet on the same requests."""
+    dtypes = _split(args.dtypes or "bfloat16", DTYPES)
+    if len(dtypes) != 1:
+        raise ValueError("--fleet runs one dtype: pass --dtypes with one of them")
+    dtype = dtypes[0]
+    settings = WorkerSettings(
+        model=str(folder),
+        dtype=dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    engine = LLMEngine(settings.engine_config())  # exactly the worker's engine
+    _warm(engine)
+    rate = args.rate
+    requests: dict[str, list[BenchRequest]] = {}
+    offline: dict[str, RunSummary] = {}
+    for workload in workloads:
+        requests[workload] = make_workload(workload, tokenizer, args.seed, rate)
+        console.print(f"[dim]{workload}: genfleet offline {dtype}[/dim]")
+        offline[workload] = run_engine(engine, requests[workload], f"genfleet offline {dtype}")
+        if workload == "burst" and rate is None:
+            rate = _poisson_rate(offline[workload].output_tokens_per_s)
+    del engine
+    console.print(f"[dim]starting the fleet; then {', '.join(workloads)} over HTTP[/dim]")
+    flags = worker_flags(dtype, args.max_num_seqs, args.max_num_batched_tokens)
+    fleet = run_fleet(folder, flags, requests, args.model)
+    for workload in workloads:
+        alone, through = offline[workload], fleet[workload]
+        title = f"{workload}: {len(requests[workload])} requests"
+        if workload == "poisson":
+            title += f" at {rate:.2f} req/s"
+        console.print(_table(title, [alone, through.summary]))
+        legs, row = through.breakdown, through.summary
+        console.print(
+            f"fleet/offline throughput x{row.output_tokens_per_s / alone.output_tokens_per_s:.2f}; "
+            f"added TTFT p50 {1000 * (row.p50_ttft - alone.p50_ttft):+.0f} ms, "
+            f"mean {1000 * (row.mean_ttft - alone.mean_ttft):+.0f} ms; "
+            f"fleet TTFT p50 legs: to API {1000 * legs.to_api:.0f} ms, "
+            f"to worker {1000 * legs.to_worker:.0f} ms, "
+            f"in engine {1000 * legs.in_engine:.0f} ms, back {1000 * legs.back:.0f} ms"
+        )
     return 0

@@ -1,1 +1,2 @@
-"""Reserved: filled by its own issue."""
+"""The HTTP API: jobs in over HTTP (``/v1/jobs`` and the OpenAI routes) onto Kafka,
+tokens back from Redis as SSE. Imports no torch and nothing of ``worker/``."""

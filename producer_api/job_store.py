@@ -27,6 +27,7 @@ from queue_schemas.redis_records import (
     EVENT_FIELD,
     FINISH_SCRIPT,
     JobEvent,
+    as_text,
     finish_call,
     mark_sent,
     read_event,
@@ -100,8 +101,9 @@ class JobStore:
         start = "-" if cursor.stream_id == "-" else f"({cursor.stream_id}"
         entries = await self.redis.xrange(self.names.events_stream(tenant, job_id), start, "+")
         events = []
-        for stream_id, fields in entries:
-            cursor.stream_id = stream_id.decode()
+        for stream_id, fields in entries or []:
+            assert stream_id is not None and fields is not None  # XRANGE entries have both
+            cursor.stream_id = as_text(stream_id)
             event = read_event(fields[EVENT_FIELD.encode()])
             if cursor.is_new(event):
                 events.append(event)

@@ -67,7 +67,7 @@ class TenantLimits:
         now = time.time()
         window = int(now // WINDOW_S)
         keys = [self.names.tenant_rate_key(tenant, window), self.names.tenant_jobs_key(tenant)]
-        args = [
+        args: list[str | int | float] = [
             per_minute, WINDOW_S * 2, max_outstanding, self.names.job_key(tenant, ""), now,
             RECORD_GRACE_S, self._final, *job_ids,
         ]  # fmt: skip

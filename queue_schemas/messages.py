@@ -152,7 +152,7 @@ class DeadLetter(WireModel):
             raw_size=len(value),
             raw_sha256=hashlib.sha256(value).hexdigest(),
             truncated=len(excerpt) < len(value),
-            **fields,  # type: ignore[arg-type]
+            **fields,
         )
 
     @property

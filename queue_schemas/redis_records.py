@@ -18,13 +18,17 @@ A job's result goes out in three moves, so the results topic gets exactly one
    or not, and the reader of the record finds out before sending it again.
 """
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from queue_schemas.messages import JobResult, JobState, JobStatus, TokenEvent, Usage
 from queue_schemas.names import Names
+
+if TYPE_CHECKING:
+    from redis.asyncio.client import Pipeline
 
 JobEvent = TokenEvent | JobResult
 _EVENT = TypeAdapter(JobEvent)
@@ -79,15 +83,13 @@ return 1
 )
 
 
-class CommandQueue(Protocol):
-    def publish(self, channel: str, message: str) -> Any: ...
-    def xadd(self, name: str, fields: dict, maxlen: int, approximate: bool) -> Any: ...
-    def expire(self, name: str, seconds: int) -> Any: ...
-    def hset(self, name: str, mapping: dict) -> Any: ...
+def as_text(value: bytes | str) -> str:
+    """A field or key as redis-py returns it (bytes, or str with decode_responses)."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def append_event(
-    pipe: CommandQueue, names: Names, tenant: str, event: JobEvent, maxlen: int, ttl_s: int
+    pipe: "Pipeline", names: Names, tenant: str, event: JobEvent, maxlen: int, ttl_s: int
 ) -> None:
     """PUBLISH for live readers and XADD to the capped stream for replay."""
     payload = event.model_dump_json(exclude_none=True)
@@ -104,17 +106,21 @@ def _hash_fields(state: JobState) -> dict[str, str]:
     return {name: str(value) for name, value in fields.items()}
 
 
-def write_state(pipe: CommandQueue, names: Names, state: JobState, ttl_s: int) -> None:
+def _hash_pairs(state: JobState) -> list[str]:
+    """The hash's fields as HSET's flat name, value, name, value... list."""
+    return [item for pair in _hash_fields(state).items() for item in pair]
+
+
+def write_state(pipe: "Pipeline", names: Names, state: JobState, ttl_s: int) -> None:
     """Write the fields the writer set."""
     key = names.job_key(state.tenant, state.job_id)
-    pipe.hset(key, mapping=_hash_fields(state))
+    pipe.hset(key, items=_hash_pairs(state))
     pipe.expire(key, ttl_s)
 
 
 def start_call(names: Names, state: JobState, ttl_s: int) -> tuple[list[str], list[str]]:
     """``START_SCRIPT``'s keys and arguments for this (running) state."""
-    fields = _hash_fields(state)
-    pairs = [item for pair in fields.items() for item in pair]
+    pairs = _hash_pairs(state)
     return [names.job_key(state.tenant, state.job_id)], [FINAL_STATUSES, str(ttl_s), *pairs]
 
 
@@ -158,7 +164,7 @@ def finish_call(
     return keys, args
 
 
-def mark_sent(pipe: CommandQueue, names: Names, tenant: str, job_id: str) -> None:
+def mark_sent(pipe: "Pipeline", names: Names, tenant: str, job_id: str) -> None:
     pipe.hset(names.job_key(tenant, job_id), mapping={RESULT_SENT_FIELD: "1"})
 
 
@@ -192,11 +198,11 @@ def delivery(values: list[bytes | None], cancelled: bool) -> Delivery:
     )
 
 
-def read_state(fields: dict[bytes, bytes]) -> JobState | None:
+def read_state(fields: Mapping[bytes | str, bytes | str]) -> JobState | None:
     """A job hash as ``HGETALL`` returns it; None when the job is unknown."""
-    if b"status" not in fields or b"job_id" not in fields:
+    document: dict[str, Any] = {as_text(key): as_text(value) for key, value in fields.items()}
+    if "status" not in document or "job_id" not in document:
         return None
-    document: dict[str, Any] = {key.decode(): value.decode() for key, value in fields.items()}
     if "usage" in document:
         document["usage"] = Usage.model_validate_json(document["usage"])
     return JobState.model_validate(document)

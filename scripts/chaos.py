@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from genfleet.chaos import scenarios
-from genfleet.chaos.local import local_fleet
 from genfleet.chaos.target import Faults, Target, Verdict
+from genfleet.local_fleet import local_fleet
 
 SCENARIOS = {scenario.__name__: scenario for scenario in scenarios.ALL}
 

@@ -33,7 +33,9 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+        text = self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        return text
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text that became stable (possibly empty)."""

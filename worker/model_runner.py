@@ -37,9 +37,9 @@ class ModelRunner:
             head_dim_of(hf),
         )
         self.kv_cache = torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
-        for i, layer in enumerate(self.model.model.layers):
-            layer.self_attn.key_cache = self.kv_cache[0, i]
-            layer.self_attn.value_cache = self.kv_cache[1, i]
+        for i, attention in enumerate(self.model.model.attentions()):
+            attention.key_cache = self.kv_cache[0, i]
+            attention.value_cache = self.kv_cache[1, i]
 
     def _prepare(
         self, batch: SchedulerOutput
@@ -57,13 +57,13 @@ class ModelRunner:
             if start + num_new == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
 
-        num_new = torch.tensor(batch.num_new_tokens, dtype=torch.int64)
+        new_counts = torch.tensor(batch.num_new_tokens, dtype=torch.int64)
         query_start_loc = torch.zeros(len(starts) + 1, dtype=torch.int64)
-        torch.cumsum(num_new, 0, out=query_start_loc[1:])
+        torch.cumsum(new_counts, 0, out=query_start_loc[1:])
         first_positions = torch.tensor(starts, dtype=torch.int64)
-        seq_lens = first_positions + num_new
+        seq_lens = first_positions + new_counts
         # Position of every token: its sequence's first new position plus its offset.
-        seq_of_token = torch.repeat_interleave(torch.arange(len(starts)), num_new)
+        seq_of_token = torch.repeat_interleave(torch.arange(len(starts)), new_counts)
         offsets = torch.arange(len(input_ids)) - query_start_loc[seq_of_token]
         positions = first_positions[seq_of_token] + offsets
         width = max(len(table) for table in block_tables)

@@ -85,7 +85,7 @@ def _logprobs(
         return [None] * len(seqs)
     logprobs = raw_logits.log_softmax(dim=-1)
     top_n = max(s.params.logprobs or 0 for s in seqs)
-    top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (None, None)
+    top_values, top_ids = logprobs.topk(top_n, dim=-1)  # k=0: empty, nothing to pick
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
     result: list[dict[int, float] | None] = []
     for row, seq in enumerate(seqs):

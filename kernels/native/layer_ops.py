@@ -28,6 +28,7 @@ def rms_norm(
     given = (x, weight) if residual is None else (x, weight, residual)
     dtype = native_dtype(*given)
     x_stride = row_stride(x) if x.dim() == 2 else None
+    residual_stride: int | None
     if residual is None:
         residual_stride = 0
     elif residual.shape == x.shape:

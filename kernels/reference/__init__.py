@@ -1,4 +1,5 @@
-"""Pure-torch reference implementations: what CPU hosts run, and the oracle for Triton."""
+"""Pure-torch reference implementations: the oracle every other implementation is
+tested against, and the fallback where neither the native nor the Triton ops run."""
 
 from kernels.reference.activation import silu_and_mul
 from kernels.reference.attention import paged_attention

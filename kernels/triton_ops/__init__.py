@@ -1,7 +1,7 @@
 """Triton implementations of every op in ``kernels``, with the references' signatures.
 
-On CPU these run only under Triton's interpreter (``TRITON_INTERPRET=1``),
-which the dispatch point sets before this package is first imported.
+What CUDA devices run. On a CPU they run only under Triton's interpreter
+(``TRITON_INTERPRET=1``, set by the tests): that is how they are verified here.
 """
 
 from kernels.triton_ops.activation import silu_and_mul

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from genfleet.chaos import scenarios
-from genfleet.chaos.local import LocalFleet, local_fleet
+from genfleet.local_fleet import LocalFleet, local_fleet
 
 WORKER_FLAGS = ("--jobs-partitions", "4", "--result-confirm-grace-s", "5")
 

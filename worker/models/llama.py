@@ -121,6 +121,10 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def attentions(self) -> list[Attention]:
+        """Each decoder layer's attention, in order (``ModuleList`` items are untyped)."""
+        return [layer.self_attn for layer in self.layers if isinstance(layer, DecoderLayer)]
+
     def forward(
         self,
         input_ids: torch.Tensor,

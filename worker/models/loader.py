@@ -1,6 +1,7 @@
 """Build a model from a Hugging Face folder: config via transformers, weights via safetensors."""
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
-    attn = model.model.layers[0].self_attn
+    attn = model.model.attentions()[0]
     if fused == "qkv_proj":
         return [attn.q_size, attn.kv_size, attn.kv_size]
     size = model.config.intermediate_size
@@ -47,7 +48,7 @@ def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
 
 
 def _target(
-    model: LlamaForCausalLM, params: dict[str, torch.Tensor], name: str
+    model: LlamaForCausalLM, params: Mapping[str, torch.Tensor], name: str
 ) -> tuple[str, torch.Tensor] | None:
     """The parameter (or the slice of a fused one) that checkpoint tensor ``name`` fills."""
     if name.endswith(IGNORED_SUFFIXES):

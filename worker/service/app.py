@@ -18,6 +18,7 @@ failed or stalled engine stops it, loudly, with exit status 1.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -339,7 +340,6 @@ class WorkerService:
     async def _start(self, starting: list["_Start"]) -> None:
         flights = [start.flight for start in starting]
         running = await self.publisher.start([flight.key for flight in flights])
-        adds: list[tuple[_Start, asyncio.Future[None]]] = []
         for start, ok in zip(starting, running, strict=True):
             flight = start.flight
             if not ok:  # final meanwhile: cancelled by the API, or finished elsewhere
@@ -348,16 +348,18 @@ class WorkerService:
             self.jobs[flight.key] = flight
             self.by_request[flight.request_id] = flight
             added = self.engine.add(flight.request_id, flight.job, start.params)
-            adds.append((start, added))
-        outcomes = await asyncio.gather(*(added for _, added in adds), return_exceptions=True)
-        for (start, _), outcome in zip(adds, outcomes, strict=True):
-            if isinstance(outcome, EngineFailed):
-                continue  # the worker is stopping; the job is left for redelivery
-            if isinstance(outcome, BaseException):
-                flight = start.flight
-                self._forget(flight)
-                refused = refusal(flight.job, outcome)
-                self._spawn(self._dead_letter(flight.record, start.raw, refused), flight.record)
+            # Not awaited: the engine answers between steps, and intake must not wait
+            # a step (up to a long prefill) before its next fetch.
+            added.add_done_callback(functools.partial(self._answered, start))
+
+    def _answered(self, start: _Start, answer: "asyncio.Future[None]") -> None:
+        error = answer.exception()
+        if error is None or isinstance(error, EngineFailed):
+            return  # running; or the worker is stopping and the job is left for redelivery
+        flight = start.flight
+        self._forget(flight)
+        refused = refusal(flight.job, error)
+        self._spawn(self._dead_letter(flight.record, start.raw, refused), flight.record)
 
     async def _look_again(self, record: Record, job: JobRequest, past: Delivery) -> None:
         assert past.claimed_at is not None

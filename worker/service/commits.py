@@ -66,7 +66,7 @@ class Committer:
             tp: offset
             for tp in owned
             if tp not in lost
-            and (offset := done.get(tp, self._confirmed.get(tp))) is not None  # type: ignore[call-overload]
+            and (offset := done.get(tp, self._confirmed.get(tp))) is not None
             and offset != self._confirmed.get(tp)
         }
         unbased = [tp for tp in owned if tp not in lost and tp not in self._confirmed]

@@ -12,7 +12,9 @@ import asyncio
 import logging
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -60,7 +62,9 @@ class EngineClient:
         self.settings = settings
         self._on_outputs = on_outputs
         self._on_failure = on_failure
-        self.load = EngineLoad(free_blocks=0, total_blocks=1, waiting=0)
+        self._load = EngineLoad(free_blocks=0, total_blocks=1, waiting=0)
+        # Numbers of the Add commands the last step's load does not count yet.
+        self._adds_in_transit: deque[int] = deque()
         self.failure: str | None = None
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._ready: asyncio.Future[Ready] | None = None
@@ -71,6 +75,11 @@ class EngineClient:
         # step (None while it has nothing to do): the stall watch reads them.
         self._sent = 0
         self._owed_since: float | None = None
+
+    @property
+    def load(self) -> EngineLoad:
+        """The last step's load, with the requests sent since counted as waiting."""
+        return replace(self._load, waiting=self._load.waiting + len(self._adds_in_transit))
 
     @property
     def pid(self) -> int | None:
@@ -91,7 +100,7 @@ class EngineClient:
         loop.add_reader(ours.fileno(), self._readable)
         log.info("engine process %d loading %s", self._process.pid, self.settings.model)
         ready = await self._ready
-        self.load = ready.load
+        self._load = ready.load
         return ready
 
     def add(
@@ -105,6 +114,7 @@ class EngineClient:
             return accepted
         self._pending[request_id] = accepted
         self._send(Add(request_id, job, params))
+        self._adds_in_transit.append(self._sent)
         return accepted
 
     def abort(self, request_id: str) -> None:
@@ -153,7 +163,9 @@ class EngineClient:
             self._gone()
             return
         if isinstance(message, StepOutput):
-            self.load = message.load
+            self._load = message.load
+            while self._adds_in_transit and self._adds_in_transit[0] <= message.applied:
+                self._adds_in_transit.popleft()
             owes = message.busy or message.applied < self._sent
             self._owed_since = time.monotonic() if owes else None
             if message.outputs:

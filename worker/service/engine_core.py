@@ -124,7 +124,7 @@ class EngineCore:
         if skip is None or not delta.new_logprobs or tokenizer is None:
             return None
         return {
-            token_id: tokenizer.decode([token_id], skip_special_tokens=skip)
+            token_id: str(tokenizer.decode([token_id], skip_special_tokens=skip))
             for top in delta.new_logprobs
             for token_id in top
         }

@@ -36,7 +36,9 @@ def engine_prompt(
             raise ValueError("chat messages need a model with a chat template")
         _check_length(sum(len(m.content.encode()) for m in job.messages), max_prompt_bytes)
         messages = [message.model_dump() for message in job.messages]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)  # tokenize=False renders one conversation as text
+        return text
     assert job.prompt is not None
     _check_length(len(job.prompt.encode()), max_prompt_bytes)
     return job.prompt

@@ -1,5 +1,5 @@
-"""A whole fleet on this host for the scenarios: the local broker and Redis, N workers,
-and faults made of signals and restarts."""
+"""A whole fleet on this host: the local broker and Redis, N workers, an API, and the
+faults the chaos scenarios make of signals and restarts."""
 
 import contextlib
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from genfleet.chaos.target import Faults, Target
 from genfleet.local_services import LocalService, start_kafka, start_redis
-from genfleet.processes import FleetProcess
+from genfleet.processes import ApiProcess, FleetProcess
 
 READY_TIMEOUT_S = 120.0
 _ASSIGNED = re.compile(r"assigned \[\d")
@@ -25,6 +25,7 @@ class LocalFleet:
         self.log_dir = log_dir
         self.prefix = "genfleet."
         self.workers: dict[str, FleetProcess] = {}  # by worker id
+        self.apis: list[ApiProcess] = []
 
     def start_worker(self, *extra: str) -> FleetProcess:
         worker_id = f"worker-{len(self.workers)}"
@@ -36,6 +37,16 @@ class LocalFleet:
         worker = FleetProcess("worker", args, self.log_dir / f"{worker_id}.log")
         self.workers[worker_id] = worker
         return worker
+
+    def start_api(self, *extra: str) -> ApiProcess:
+        """An API on a free loopback port, returned once it answers."""
+        args = [
+            "--kafka-bootstrap", self.kafka.address, "--redis-url", self.redis.address,
+            "--topic-prefix", self.prefix, *extra,
+        ]  # fmt: skip
+        api = ApiProcess(args, self.log_dir / f"api-{len(self.apis)}.log")
+        self.apis.append(api)
+        return api
 
     def wait_until_serving(self) -> None:
         """Every live worker has joined the group and holds a partition."""
@@ -79,8 +90,8 @@ class LocalFleet:
         return Target(self.kafka.address, self.redis.address, self.prefix, faults=faults)
 
     def stop(self) -> None:
-        for worker in self.workers.values():
-            worker.stop()
+        for process in [*self.apis, *self.workers.values()]:
+            process.stop()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,165 @@
+"""``genfleet bench --fleet``: the whole fleet against the offline engine, same requests.
+
+A local broker, Redis, one worker and the API are started here; each workload
+is sent over HTTP with the official ``openai`` client (streamed, token-id
+prompts, so both paths see the same tokens) at its arrival times, and the
+offline engine runs the same requests with the same arrival times in this
+process while the fleet is stopped. Each job's result carries when the worker
+took it and when the engine made its first token, which splits the time to
+first token the fleet adds into: reaching the API, reaching the worker (Kafka,
+intake), the engine (queue and prefill), and getting back (Redis, API, SSE).
+"""
+
+import asyncio
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiokafka import AIOKafkaConsumer
+
+from benchmarks.metrics import RequestTiming, RunSummary, summarize
+from benchmarks.workloads import BenchRequest
+from genfleet.local_fleet import local_fleet
+from queue_schemas import JobResult, Names
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+FLEET_TIMEOUT_S = 600.0
+
+
+@dataclass
+class FleetRequest:
+    """One request as the client saw it (wall-clock seconds), and its job id."""
+
+    sent_at: float
+    first_chunk_at: float
+    done_at: float
+    completion_tokens: int
+    job_id: str
+
+
+@dataclass
+class Breakdown:
+    """Median seconds of each leg of the time to first token, over a run's requests."""
+
+    to_api: float  # arrival -> the API made the job (client, HTTP, validation)
+    to_worker: float  # the API made it -> the worker took it (Kafka, intake, Redis)
+    in_engine: float  # the worker took it -> its first token (engine queue, prefill)
+    back: float  # first token -> the client's first chunk (Redis, API, SSE)
+
+
+@dataclass
+class FleetRun:
+    summary: RunSummary
+    breakdown: Breakdown
+
+
+def worker_flags(dtype: str, max_num_seqs: int, max_num_batched_tokens: int) -> list[str]:
+    """The worker's engine settings, the same as the offline engine's."""
+    return [
+        "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
+        "--max-num-batched-tokens", str(max_num_batched_tokens),
+        # The bench's whole workload is waiting at once in a burst.
+        "--max-waiting", "256",
+    ]  # fmt: skip
+
+
+async def _send(
+    client: "AsyncOpenAI", model: str, request: BenchRequest, start: float
+) -> FleetRequest:
+    await asyncio.sleep(max(0.0, start + request.arrival - time.time()))
+    sent_at = start + request.arrival  # latency counts from the arrival, as offline
+    stream = await client.completions.create(
+        model=model,
+        prompt=request.prompt_token_ids,
+        max_tokens=request.output_len,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    first, tokens, run_id = None, 0, ""
+    async for chunk in stream:
+        run_id = chunk.id
+        if chunk.choices and first is None:
+            first = time.time()
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    done = time.time()
+    return FleetRequest(sent_at, first or done, done, tokens, f"{run_id}-0")
+
+
+async def _results(bootstrap: str, names: Names, job_ids: set[str]) -> dict[str, JobResult]:
+    consumer = AIOKafkaConsumer(
+        names.results_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    found: dict[str, JobResult] = {}
+    try:
+        while not job_ids <= set(found):
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    if record.value is not None:
+                        result = JobResult.model_validate_json(record.value)
+                        found[result.job_id] = result
+    finally:
+        await consumer.stop()
+    return found
+
+
+def _seconds(moment: datetime | None) -> float:
+    assert moment is not None, "a completed job's result has every timestamp"
+    return moment.timestamp()
+
+
+async def _run(
+    url: str, bootstrap: str, names: Names, model: str, requests: list[BenchRequest]
+) -> FleetRun:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        start = time.time() + 0.2
+        seen = await asyncio.gather(*(_send(client, model, r, start) for r in requests))
+    results = await _results(bootstrap, names, {r.job_id for r in seen})
+    timings = [
+        RequestTiming(r.sent_at - start, r.first_chunk_at - start, r.done_at - start,
+                      r.completion_tokens)
+        for r in seen
+    ]  # fmt: skip
+    legs = []
+    for r in seen:
+        result = results[r.job_id]
+        made = _seconds(result.created_at)
+        took, first = _seconds(result.started_at), _seconds(result.first_token_at)
+        legs.append((made - r.sent_at, took - made, first - took, r.first_chunk_at - first))
+    breakdown = Breakdown(*(statistics.median(leg) for leg in zip(*legs, strict=True)))
+    return FleetRun(summarize("genfleet fleet", timings, 0, 0), breakdown)
+
+
+def run_fleet(
+    model: Path, flags: list[str], workloads: dict[str, list[BenchRequest]], served_name: str
+) -> dict[str, FleetRun]:
+    """Start a fleet with one worker, run each workload through it, stop it."""
+    with (
+        tempfile.TemporaryDirectory(prefix="genfleet-bench-") as logs,
+        local_fleet(model, Path(logs)) as fleet,
+    ):
+        fleet.start_worker(*flags)
+        api = fleet.start_api("--model", served_name)
+        fleet.wait_until_serving()
+        names = Names(fleet.prefix)
+        warmup = [BenchRequest(0.0, [1] * 64, 4)]
+
+        async def all_workloads() -> dict[str, FleetRun]:
+            await _run(api.url, fleet.kafka.address, names, served_name, warmup)
+            return {
+                name: await _run(api.url, fleet.kafka.address, names, served_name, requests)
+                for name, requests in workloads.items()
+            }
+
+        return asyncio.run(asyncio.wait_for(all_workloads(), FLEET_TIMEOUT_S))
