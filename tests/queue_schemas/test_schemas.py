@@ -157,8 +157,8 @@ def test_a_state_lives_under_its_tenant_and_reads_back() -> None:
     )
     pipe = _RecordingPipe()
     write_state(pipe, names, full, 60)
-    mapping = pipe.commands[0][2]["mapping"]
-    stored = {k.encode(): v.encode() for k, v in mapping.items()}
+    items = pipe.commands[0][2]["items"]  # HSET's flat name, value, ... list
+    stored = {k.encode(): v.encode() for k, v in zip(items[::2], items[1::2], strict=True)}
     assert read_state(stored) == full
     assert read_state({}) is None
 
