@@ -83,16 +83,19 @@ class EngineCore:
     def serve(self) -> None:
         self.send(Ready(self.load(), self.engine.max_model_len))
         while True:
-            try:
-                while True:  # every command that has arrived; wait for one only when idle
-                    command = self.inbox.get(block=not self.engine.has_unfinished_requests())
-                    if isinstance(command, Stop):
-                        return
-                    self.apply(command)
-            except queue.Empty:
-                pass
+            # Every command that has arrived; wait for one only when there is nothing to run.
+            commands = [] if self.engine.has_unfinished_requests() else [self.inbox.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    commands.append(self.inbox.get_nowait())
+            for command in commands:
+                if isinstance(command, Stop):
+                    return
+                self.apply(command)
             applied = self.applied
-            deltas = self.engine.step()
+            # Reported even without a step (a refused add, an abort of a finished
+            # request): the service's stall watch waits for the commands it sent.
+            deltas = self.engine.step() if self.engine.has_unfinished_requests() else []
             outputs = [Output(delta, self._token_texts(delta)) for delta in deltas]
             busy = self.engine.has_unfinished_requests()
             self.send(StepOutput(outputs, self.load(), applied, busy))

@@ -2,8 +2,9 @@
 
 Plain dataclasses, pickled: every message is one ``send_bytes`` frame. The
 service sends commands; the engine answers each ``Add`` once (``Accepted`` or
-``Refused``) and sends one ``StepOutput`` per step with work, carrying every
-delta of that step and the load snapshot that admission control reads.
+``Refused``) and sends one ``StepOutput`` per step, carrying every delta of
+that step and the load snapshot that admission control reads; commands that
+needed no step (a refused add on an idle engine) get an empty one.
 Imports no torch, so the service process never loads it.
 """
 

@@ -1,0 +1,43 @@
+"""The service's handle on a real engine process (tiny model), without Kafka or Redis."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from queue_schemas import JobRequest
+from worker.sampling_params import SamplingParams
+from worker.service.engine_client import EngineClient
+from worker.service.engine_protocol import Output
+from worker.service.settings import WorkerSettings
+
+
+def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
+    chat_model: Path,
+) -> None:
+    async def scenario() -> None:
+        outputs: list[Output] = []
+        failures: list[str] = []
+        client = EngineClient(
+            WorkerSettings(model=str(chat_model)), outputs.extend, failures.append
+        )
+        await client.start()
+        try:
+            too_big = JobRequest(job_id="r1", prompt_token_ids=[10**9])
+            with pytest.raises(ValueError, match="prompt token ids must be in"):
+                await client.add("r1", too_big, SamplingParams(max_tokens=4))
+            client.abort("no-such-request")
+            await asyncio.sleep(1.0)
+            # Nothing runs: the engine reported so, and a stall watch must not fire.
+            assert client.stalled_for() == 0.0
+            assert client.load.waiting == 0
+            job = JobRequest(job_id="ok", prompt_token_ids=[5, 6, 7])
+            await client.add("ok", job, SamplingParams(max_tokens=3, ignore_eos=True))
+            while not any(o.delta.finished for o in outputs):
+                await asyncio.sleep(0.05)
+            assert sum(len(o.delta.new_token_ids) for o in outputs) == 3
+            assert failures == []
+        finally:
+            await client.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
