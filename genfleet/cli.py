@@ -63,6 +63,12 @@ def _submit(args: argparse.Namespace) -> int:
     )
 
 
+def _up(args: argparse.Namespace) -> int:
+    from genfleet.up import run_up
+
+    return run_up(args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from benchmarks.run import run_benchmark
 
@@ -72,6 +78,12 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genfleet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="the whole fleet on this host: broker, Redis, workers, API")
+    from genfleet.up import add_up_arguments
+
+    add_up_arguments(up)
+    up.set_defaults(handler=_up)
 
     model = commands.add_parser("model", help="manage local models")
     model_commands = model.add_subparsers(dest="model_command", required=True)

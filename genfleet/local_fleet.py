@@ -3,6 +3,7 @@ faults the chaos scenarios make of signals and restarts."""
 
 import contextlib
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,34 +18,49 @@ _ASSIGNED = re.compile(r"assigned \[\d")
 
 class LocalFleet:
     def __init__(
-        self, kafka: LocalService, redis: LocalService, model: Path, log_dir: Path
+        self,
+        kafka: LocalService,
+        redis: LocalService,
+        model: Path,
+        log_dir: Path,
+        own_group: bool = False,
     ) -> None:
         self.kafka = kafka
         self.redis = redis
         self.model = model
         self.log_dir = log_dir
+        self.own_group = own_group
         self.prefix = "genfleet."
         self.workers: dict[str, FleetProcess] = {}  # by worker id
+        self._worker_args: dict[str, list[str]] = {}
         self.apis: list[ApiProcess] = []
 
     def start_worker(self, *extra: str) -> FleetProcess:
         worker_id = f"worker-{len(self.workers)}"
-        args = [
+        self._worker_args[worker_id] = [
             "--kafka-bootstrap", self.kafka.address, "--redis-url", self.redis.address,
             "--model", str(self.model), "--topic-prefix", self.prefix,
             "--worker-id", worker_id, *extra,
         ]  # fmt: skip
-        worker = FleetProcess("worker", args, self.log_dir / f"{worker_id}.log")
+        return self.restart_worker(worker_id)
+
+    def restart_worker(self, worker_id: str) -> FleetProcess:
+        """(Re)start a worker with the arguments it was first started with."""
+        log_path = self.log_dir / f"{worker_id}.log"
+        worker = FleetProcess(
+            "worker", self._worker_args[worker_id], log_path, own_group=self.own_group
+        )
         self.workers[worker_id] = worker
         return worker
 
-    def start_api(self, *extra: str) -> ApiProcess:
-        """An API on a free loopback port, returned once it answers."""
+    def start_api(self, *extra: str, port: int | None = None) -> ApiProcess:
+        """An API (on a free loopback port unless given), returned once it answers."""
         args = [
             "--kafka-bootstrap", self.kafka.address, "--redis-url", self.redis.address,
             "--topic-prefix", self.prefix, *extra,
         ]  # fmt: skip
-        api = ApiProcess(args, self.log_dir / f"api-{len(self.apis)}.log")
+        log_path = self.log_dir / f"api-{len(self.apis)}.log"
+        api = ApiProcess(args, log_path, port, own_group=self.own_group)
         self.apis.append(api)
         return api
 
@@ -93,17 +109,29 @@ class LocalFleet:
         for process in [*self.apis, *self.workers.values()]:
             process.stop()
 
+    def stop_gracefully(self, api_timeout_s: float, worker_timeout_s: float = 60.0) -> None:
+        """The APIs first (no new jobs), then the workers, together: each drains its
+        running jobs and commits. What does not stop in time is killed."""
+        for api in self.apis:
+            api.terminate(api_timeout_s)
+        for worker in self.workers.values():
+            if worker.alive:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in self.workers.values():
+            worker.terminate(worker_timeout_s)
+        self.stop()
+
 
 @contextlib.contextmanager
 def local_fleet(
-    model: Path, log_dir: Path, redis_data_dir: Path | None = None
+    model: Path, log_dir: Path, redis_data_dir: Path | None = None, own_group: bool = False
 ) -> Iterator[LocalFleet]:
     """Broker and Redis started here (workers: ``start_worker``), all stopped on exit."""
-    kafka = start_kafka()
+    kafka = start_kafka(own_group=own_group)
     try:
-        redis = start_redis(data_dir=redis_data_dir)
+        redis = start_redis(data_dir=redis_data_dir, own_group=own_group)
         try:
-            fleet = LocalFleet(kafka, redis, model, log_dir)
+            fleet = LocalFleet(kafka, redis, model, log_dir, own_group)
             try:
                 yield fleet
             finally:

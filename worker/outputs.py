@@ -25,6 +25,8 @@ class Timings:
     arrival_time: float
     first_token_time: float | None = None
     finished_time: float | None = None
+    # When the scheduler first gave the request a step: queue time ends, prefill begins.
+    scheduled_time: float | None = None
 
 
 @dataclass

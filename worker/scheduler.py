@@ -10,6 +10,7 @@ recomputed.
 
 import bisect
 import heapq
+import time
 from dataclasses import dataclass, field
 
 from worker.block_manager import BlockManager
@@ -109,6 +110,8 @@ class Scheduler:
                 break
             heapq.heappop(self.waiting)
             seq.status = SequenceStatus.RUNNING
+            if seq.scheduled_time is None:
+                seq.scheduled_time = time.time()
             seq.num_computed_tokens = num_cached
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = num_cached

@@ -48,6 +48,7 @@ class Sequence:
     num_emitted_chars: int = 0
     num_emitted_tokens: int = 0
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0

@@ -210,7 +210,7 @@ def test_delete_ends_a_running_jobs_stream_with_a_cancelled_event(fleet) -> None
 
 def test_openai_stream_closed_early_cancels_the_job_in_the_worker(fleet) -> None:
     api, worker, _, _ = fleet
-    client = OpenAI(base_url=f"{api.url}/v1", api_key=ALICE)
+    client = OpenAI(base_url=f"{api.url}/v1", api_key=ALICE, timeout=120)
     stream = client.chat.completions.create(
         model="SmolLM2-135M-Instruct",
         messages=[{"role": "user", "content": "Count to a thousand."}],

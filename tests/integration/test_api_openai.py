@@ -30,7 +30,9 @@ def smollm2_fleet(services, smollm2_path, start_api, prefix, tmp_path):
 
 
 def test_openai_client_chat_whole_and_streamed_agree(smollm2_fleet) -> None:
-    client = OpenAI(base_url=f"{smollm2_fleet.url}/v1", api_key="unused", max_retries=0)
+    client = OpenAI(
+        base_url=f"{smollm2_fleet.url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
     assert [model.id for model in client.models.list()] == [MODEL]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     whole = client.chat.completions.create(

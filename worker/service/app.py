@@ -7,7 +7,11 @@ Tasks on one event loop; the engine runs in its own process (``engine_client``):
     results  claimed results -> results topic -> ``result_sent`` -> offset done
     cancels  Redis pub/sub: cancellations -> engine.abort (``cancellations``)
     commits  every second: per partition, up to the lowest unfinished offset
-    watch    engine stalls, topics after a broker restart
+    watch    engine stalls, topics after a broker restart, partition and lag gauges
+
+With ``--metrics-port`` the worker also serves ``/metrics`` (``metrics``),
+``/healthz`` and ``/readyz`` (``health``) from the first moment, model loading
+included.
 
 A job's offset counts as done only after its result is on the results topic,
 so a worker that dies loses nothing: the job is redelivered and regenerated.
@@ -24,11 +28,13 @@ import signal
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from queue_schemas import DeadLetter, JobRequest, JobResult, JobStatus, Names
@@ -40,11 +46,13 @@ from worker.service.backpressure import Backpressure
 from worker.service.cancellations import Cancellations
 from worker.service.commits import Committer
 from worker.service.engine_client import EngineClient, EngineFailed
-from worker.service.engine_protocol import Output
+from worker.service.engine_protocol import Output, StepOutput
 from worker.service.flights import Attempts, InFlight, JobKey, Record, key_of
-from worker.service.intake import Rejected, parse_job, sampling_params
+from worker.service.health import HealthServer, ListenError, health_app
+from worker.service.intake import UNREADABLE, Rejected, parse_job, sampling_params
 from worker.service.kafka_out import KafkaOut
 from worker.service.logs import configure_logging
+from worker.service.metrics import WorkerMetrics
 from worker.service.offsets import OffsetTracker
 from worker.service.publisher import History, RedisPublisher, TenantEvent
 from worker.service.settings import WorkerSettings
@@ -62,6 +70,7 @@ COMMIT_INTERVAL_S = 1.0
 FETCH_TIMEOUT_MS = 200
 WATCH_INTERVAL_S = 0.5
 TOPIC_CHECK_S = 5.0
+LAG_CHECK_S = 2.0
 # A rebalance waits this long for claimed results to reach the topic before it
 # gives the partitions up (their next owner would otherwise wait out the grace).
 RELEASE_WAIT_S = 5.0
@@ -105,6 +114,9 @@ class WorkerService:
         self._to_send: asyncio.Queue[tuple[JobResult, Record | None]] = asyncio.Queue()
         self.attempts = Attempts(settings.worker_id)
         self._background: set[asyncio.Task] = set()
+        self.registry = CollectorRegistry()
+        self.joined = False  # the group gave us an assignment (possibly empty)
+        self._lag_reported: set[TopicPartition] = set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -114,7 +126,15 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        self.engine = EngineClient(self.settings, self._outputs_in.put_nowait, self._fail)
+        self.engine = EngineClient(self.settings, self._stepped, self._fail)
+        health = self._health_server()
+        try:
+            await self._run_engine()
+        finally:
+            if health is not None:
+                await health.stop()
+
+    async def _run_engine(self) -> None:
         try:
             ready = await self.engine.start()
         except EngineFailed as error:
@@ -127,10 +147,46 @@ class WorkerService:
             ready.load.total_blocks,
             ready.max_model_len,
         )
+        model_name = Path(self.settings.model).name
+        self.metrics = WorkerMetrics(self.registry, model_name, ready.max_model_len)
         try:
             await self._serve()
         finally:
             await self.engine.stop()
+
+    def _health_server(self) -> HealthServer | None:
+        port = self.settings.metrics_port
+        if port is None:
+            return None
+        app = health_app(self.registry, self._unhealthy, self._unready)
+        server = HealthServer(app, self.settings.metrics_host, port)
+        server.start()
+        log.info("metrics and health on %s:%d", self.settings.metrics_host, server.port)
+        return server
+
+    def _unhealthy(self) -> str | None:
+        """Why ``/healthz`` fails: the engine failed or stalls with work (the worker then
+        exits anyway; the probe tells an orchestrator that asks first)."""
+        if self.engine.failure is not None:
+            return self.engine.failure
+        stalled = self.engine.stalled_for()
+        if stalled > self.settings.stuck_timeout_s:
+            return f"engine step running for {stalled:.0f} s"
+        return None
+
+    def _unready(self) -> str | None:
+        if self.stopping.is_set():
+            return "draining"
+        if not self.engine.ready:
+            return self.engine.failure or "loading the model"
+        if not self.joined:
+            return "joining the consumer group"
+        return None
+
+    def _stepped(self, step: StepOutput) -> None:
+        self.metrics.record_step(step)
+        if step.outputs:
+            self._outputs_in.put_nowait(step.outputs)
 
     async def _serve(self) -> None:
         settings = self.settings
@@ -294,7 +350,7 @@ class WorkerService:
             try:
                 job = parse_job(raw.value, self.settings.max_record_bytes)
             except Exception as error:  # parse_job raises nothing we know of; be sure
-                job = Rejected(f"unreadable record: {error!r}")
+                job = Rejected(f"unreadable record: {error!r}", UNREADABLE)
             if isinstance(job, Rejected):
                 self._spawn(self._dead_letter(record, raw, job), record)
             else:
@@ -317,6 +373,7 @@ class WorkerService:
         if running is not None:
             if not running.attached:  # our own job, redelivered after a rebalance
                 running.record, running.attached = record, True
+                self.metrics.redelivered.inc()
             else:  # a second record of a job that is running here
                 self._settled(record)
             return None
@@ -334,6 +391,8 @@ class WorkerService:
         elif job.deadline is not None and job.deadline < now():
             raise ValueError("deadline passed before the job started")
         else:
+            if past.status is not None:  # an earlier attempt started it and did not finish
+                self.metrics.redelivered.inc()
             return InFlight(job, record, now(), self.attempts.next())
         return None
 
@@ -380,6 +439,7 @@ class WorkerService:
             result = past.result or lost_result(job)
             log.info("sending the result of %s for a claimant that died", job.job_id)
             await self.kafka.send_result(result)
+            self.metrics.results.labels(result.status.value).inc()
         await self.publisher.mark_sent([key_of(job)])
         self._settled(record)
 
@@ -393,6 +453,7 @@ class WorkerService:
             reason=rejected.reason, key=raw.key, job_id=rejected.job_id, failed_at=now(),
         )  # fmt: skip
         await self.kafka.send_dead_letter(letter)
+        self.metrics.dead_lettered.labels(rejected.kind).inc()
         failure = rejected_result(rejected, letter.reason, self.settings.worker_id)
         if failure is None:
             self._settled(record)
@@ -469,6 +530,8 @@ class WorkerService:
                 batch.append(self._to_send.get_nowait())
             try:
                 await asyncio.gather(*(self.kafka.send_result(result) for result, _ in batch))
+                for result, _ in batch:
+                    self.metrics.results.labels(result.status.value).inc()
                 await self.publisher.mark_sent([key_of(result) for result, _ in batch])
                 for _, record in batch:
                     self._settled(record)
@@ -506,6 +569,7 @@ class WorkerService:
         """Abort detached jobs whose partition went to another worker (it runs them now);
         keep those whose partition came back (after a broker restart nobody else will)."""
         log.info("assigned %s", sorted(tp.partition for tp in assigned))
+        self.joined = True
         gone = [
             f for f in self.jobs.values() if not f.attached and f.record.partition not in assigned
         ]
@@ -530,13 +594,20 @@ class WorkerService:
                 await self.kafka.ensure_topics()
 
     async def _watch(self) -> None:
-        last_topic_check = time.monotonic()
+        last_topic_check = last_lag_check = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             stalled = self.engine.stalled_for()
             if stalled > self.settings.stuck_timeout_s:
                 self._fail(f"engine step running for {stalled:.0f} s")
                 return
+            owned = self.consumer.assignment()
+            self.metrics.partitions_assigned.set(len(owned))
+            self.metrics.partitions_paused.set(len(self.consumer.paused() & owned))
+            if time.monotonic() - last_lag_check > LAG_CHECK_S:
+                last_lag_check = time.monotonic()
+                with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                    await asyncio.wait_for(self._measure_lag(owned), LAG_CHECK_S)
             if (
                 not self.consumer.assignment()
                 and time.monotonic() - last_topic_check > TOPIC_CHECK_S
@@ -546,10 +617,26 @@ class WorkerService:
                 with contextlib.suppress(KafkaError, OSError, TimeoutError):
                     await self.kafka.ensure_topics()
 
+    async def _measure_lag(self, owned: set[TopicPartition]) -> None:
+        """Per owned partition, the records past its committed offset (what KEDA scales on)."""
+        ends = await self.consumer.end_offsets(list(owned)) if owned else {}
+        lag = self.metrics.consumer_lag
+        for partition in self._lag_reported - set(ends):
+            lag.remove(str(partition.partition))
+        for partition, end in ends.items():
+            committed = self.committer.committed(partition)
+            if committed is not None:
+                lag.labels(str(partition.partition)).set(max(0, end - committed))
+        self._lag_reported = set(ends)
+
 
 def run_worker(settings: WorkerSettings) -> int:
     """Serve until SIGTERM; the exit status is 0 unless the engine or a task failed."""
     configure_logging()
     service = WorkerService(settings)
-    asyncio.run(service.run())
+    try:
+        asyncio.run(service.run())
+    except ListenError as error:
+        log.error("%s", error)
+        return 2
     return 1 if service.failed else 0

@@ -36,6 +36,10 @@ class Committer:
         # Offsets whose commit failed or timed out: the broker may hold them.
         self._unconfirmed: dict[TopicPartition, set[int]] = {}
 
+    def committed(self, partition: TopicPartition) -> int | None:
+        """The offset the broker confirmed holding for us, if any."""
+        return self._confirmed.get(partition)
+
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
         """Partitions no longer ours (or lost): their next owner starts afresh."""
         partitions = list(partitions)

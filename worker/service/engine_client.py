@@ -27,7 +27,6 @@ from worker.service.engine_protocol import (
     Command,
     EngineLoad,
     Failed,
-    Output,
     Ready,
     Refused,
     StepOutput,
@@ -56,11 +55,11 @@ class EngineClient:
     def __init__(
         self,
         settings: WorkerSettings,
-        on_outputs: Callable[[list[Output]], None],
+        on_step: Callable[[StepOutput], None],
         on_failure: Callable[[str], None],
     ) -> None:
         self.settings = settings
-        self._on_outputs = on_outputs
+        self._on_step = on_step
         self._on_failure = on_failure
         self._load = EngineLoad(free_blocks=0, total_blocks=1, waiting=0)
         # Numbers of the Add commands the last step's load does not count yet.
@@ -80,6 +79,12 @@ class EngineClient:
     def load(self) -> EngineLoad:
         """The last step's load, with the requests sent since counted as waiting."""
         return replace(self._load, waiting=self._load.waiting + len(self._adds_in_transit))
+
+    @property
+    def ready(self) -> bool:
+        """The model is loaded and the engine has not failed."""
+        ready = self._ready
+        return ready is not None and ready.done() and not ready.exception() and not self.failure
 
     @property
     def pid(self) -> int | None:
@@ -113,7 +118,7 @@ class EngineClient:
             accepted.set_exception(EngineFailed(self.failure))
             return accepted
         self._pending[request_id] = accepted
-        self._send(Add(request_id, job, params))
+        self._send(Add(request_id, job, params, time.time()))
         self._adds_in_transit.append(self._sent)
         return accepted
 
@@ -168,8 +173,7 @@ class EngineClient:
                 self._adds_in_transit.popleft()
             owes = message.busy or message.applied < self._sent
             self._owed_since = time.monotonic() if owes else None
-            if message.outputs:
-                self._on_outputs(message.outputs)
+            self._on_step(message)
         elif isinstance(message, Accepted):
             self._answer(message.request_id, None)
         elif isinstance(message, Refused):

@@ -18,6 +18,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -28,6 +29,7 @@ from worker.service.engine_protocol import (
     Accepted,
     Add,
     Command,
+    EngineCounters,
     EngineLoad,
     Event,
     Failed,
@@ -35,6 +37,7 @@ from worker.service.engine_protocol import (
     Ready,
     Refused,
     StepOutput,
+    StepStats,
     Stop,
     decode,
     encode,
@@ -95,10 +98,27 @@ class EngineCore:
             applied = self.applied
             # Reported even without a step (a refused add, an abort of a finished
             # request): the service's stall watch waits for the commands it sent.
-            deltas = self.engine.step() if self.engine.has_unfinished_requests() else []
+            deltas, step = self.step() if self.engine.has_unfinished_requests() else ([], None)
             outputs = [Output(delta, self._token_texts(delta)) for delta in deltas]
             busy = self.engine.has_unfinished_requests()
-            self.send(StepOutput(outputs, self.load(), applied, busy))
+            self.send(StepOutput(outputs, self.load(), self.counters(), step, applied, busy))
+
+    def step(self) -> tuple[list[RequestDelta], StepStats]:
+        began = time.perf_counter()
+        deltas = self.engine.step()
+        batch = self.engine.last_batch
+        stats = StepStats(
+            time.perf_counter() - began, len(batch.seqs), batch.total_tokens, time.time()
+        )
+        return deltas, stats
+
+    def counters(self) -> EngineCounters:
+        pool = self.engine.block_manager
+        return EngineCounters(
+            self.engine.scheduler.num_preemptions,
+            pool.prefix_cache_queries,
+            pool.prefix_cache_hits,
+        )
 
     def apply(self, command: Add | Abort) -> None:
         self.applied += 1
@@ -108,7 +128,11 @@ class EngineCore:
         try:
             prompt = engine_prompt(command.job, self.engine.tokenizer, self.max_prompt_bytes)
             self.engine.add_request(
-                command.request_id, prompt, command.params, command.job.priority
+                command.request_id,
+                prompt,
+                command.params,
+                command.job.priority,
+                command.arrival_time,
             )
         except Exception as error:  # the request fails alone, the engine is as it was
             self.send(Refused(command.request_id, reason_for(error)))

@@ -23,6 +23,8 @@ class Add:
     # the tokenizer lives there only.
     job: JobRequest
     params: SamplingParams
+    # When the service took the job (wall clock): the worker's TTFT and e2e start here.
+    arrival_time: float
 
 
 @dataclass
@@ -78,9 +80,28 @@ class Output:
 
 
 @dataclass
+class EngineCounters:
+    """Totals since the engine started; the service's metrics count their increments."""
+
+    preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # prompt tokens found cached
+
+
+@dataclass
+class StepStats:
+    seconds: float
+    num_seqs: int
+    num_tokens: int
+    ended_at: float  # wall clock: when this step's tokens came out
+
+
+@dataclass
 class StepOutput:
     outputs: list[Output]
     load: EngineLoad
+    counters: EngineCounters
+    step: StepStats | None  # None when commands needed an answer but no step ran
     # How many commands the engine had applied when the step began, and whether
     # it still has requests: the service's stall watch reads both.
     applied: int

@@ -18,6 +18,9 @@ from worker.sampling_params import SamplingParams
 @dataclass
 class Rejected:
     reason: str
+    # A few words for the dead-letter counter's label: "unreadable", "too_large",
+    # "invalid" (fails the schema) or "refused" (valid, but cannot be served).
+    kind: str
     job_id: str | None = None
     tenant: str = "default"
 
@@ -27,6 +30,7 @@ def reason_for(error: BaseException) -> str:
     return str(error) if isinstance(error, ValueError) else f"cannot be served: {error!r}"
 
 
+UNREADABLE, INVALID, REFUSED = "unreadable", "invalid", "refused"
 _JOB_ID = TypeAdapter(JobId)
 _TENANT = TypeAdapter(TenantName)
 
@@ -47,19 +51,23 @@ def _readable_owner(document: object) -> tuple[str, str] | None:
 def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
     """Validate a record's value; every failure names what is wrong with it."""
     if raw is None:
-        return Rejected("null value (a tombstone): a job record must carry a JobRequest")
+        return Rejected(
+            "null value (a tombstone): a job record must carry a JobRequest", UNREADABLE
+        )
     if not raw:
-        return Rejected("empty value: a job record must carry a JobRequest")
+        return Rejected("empty value: a job record must carry a JobRequest", UNREADABLE)
     if len(raw) > max_bytes:
-        return Rejected(f"record of {len(raw)} bytes is larger than the limit of {max_bytes}")
+        return Rejected(
+            f"record of {len(raw)} bytes is larger than the limit of {max_bytes}", "too_large"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        return Rejected(f"invalid UTF-8: {error}")
+        return Rejected(f"invalid UTF-8: {error}", UNREADABLE)
     try:
         document = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as error:
-        return Rejected(f"not JSON: {error}")
+        return Rejected(f"not JSON: {error}", UNREADABLE)
     try:
         return JobRequest.model_validate(document)
     except (ValidationError, RecursionError) as error:
@@ -73,8 +81,8 @@ def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
         )
         owner = _readable_owner(document)
         if owner is None:
-            return Rejected(f"invalid job: {problems}")
-        return Rejected(f"invalid job: {problems}", *owner)
+            return Rejected(f"invalid job: {problems}", INVALID)
+        return Rejected(f"invalid job: {problems}", INVALID, *owner)
 
 
 def sampling_params(job: JobRequest) -> SamplingParams:

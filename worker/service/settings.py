@@ -57,6 +57,11 @@ class WorkerSettings(FleetSettings):
     result_confirm_grace_s: float = Field(
         15.0, gt=0, description="a result claimed this long ago and unconfirmed is resent"
     )
+    # Observability: /metrics, /healthz and /readyz (off unless a port is given).
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="port for /metrics, /healthz and /readyz"
+    )
+    metrics_host: str = Field("0.0.0.0", description="listen address of the metrics port")
     # Redis.
     redis_max_connections: int = Field(16, ge=2, description="connections besides pub/sub")
     redis_timeout_s: float = Field(5.0, gt=0, description="a Redis call silent this long fails")

@@ -11,7 +11,7 @@ from queue_schemas import Usage as WireUsage
 from queue_schemas.messages import now
 from worker.service.engine_protocol import Output
 from worker.service.flights import InFlight
-from worker.service.intake import Rejected, reason_for
+from worker.service.intake import REFUSED, Rejected, reason_for
 
 
 def _epoch(seconds: float | None) -> datetime | None:
@@ -107,4 +107,4 @@ def lost_result(job: JobRequest) -> JobResult:
 
 def refusal(job: JobRequest, error: BaseException) -> Rejected:
     """A parsed job that cannot be served: the engine's ValueError names why."""
-    return Rejected(reason_for(error), job.job_id, job.tenant)
+    return Rejected(reason_for(error), REFUSED, job.job_id, job.tenant)

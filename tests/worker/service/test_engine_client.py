@@ -8,7 +8,7 @@ import pytest
 from queue_schemas import JobRequest
 from worker.sampling_params import SamplingParams
 from worker.service.engine_client import EngineClient
-from worker.service.engine_protocol import Output
+from worker.service.engine_protocol import Output, StepOutput
 from worker.service.settings import WorkerSettings
 
 
@@ -16,11 +16,9 @@ def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
     chat_model: Path,
 ) -> None:
     async def scenario() -> None:
-        outputs: list[Output] = []
+        steps: list[StepOutput] = []
         failures: list[str] = []
-        client = EngineClient(
-            WorkerSettings(model=str(chat_model)), outputs.extend, failures.append
-        )
+        client = EngineClient(WorkerSettings(model=str(chat_model)), steps.append, failures.append)
         await client.start()
         try:
             too_big = JobRequest(job_id="r1", prompt_token_ids=[10**9])
@@ -31,11 +29,23 @@ def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
             # Nothing runs: the engine reported so, and a stall watch must not fire.
             assert client.stalled_for() == 0.0
             assert client.load.waiting == 0
+            assert all(step.step is None for step in steps)  # answers, no steps run
             job = JobRequest(job_id="ok", prompt_token_ids=[5, 6, 7])
             await client.add("ok", job, SamplingParams(max_tokens=3, ignore_eos=True))
-            while not any(o.delta.finished for o in outputs):
+
+            def outputs() -> list[Output]:
+                return [output for step in steps for output in step.outputs]
+
+            while not any(o.delta.finished for o in outputs()):
                 await asyncio.sleep(0.05)
-            assert sum(len(o.delta.new_token_ids) for o in outputs) == 3
+            assert sum(len(o.delta.new_token_ids) for o in outputs()) == 3
+            ran = [step.step for step in steps if step.step is not None]
+            assert [stats.num_seqs for stats in ran] == [1, 1, 1]
+            assert ran[0].num_tokens == 3 and ran[1].num_tokens == 1  # the prefill, a decode
+            timings = outputs()[-1].delta.timings
+            assert timings.scheduled_time is not None and timings.first_token_time is not None
+            assert timings.arrival_time <= timings.scheduled_time <= timings.first_token_time
+            assert steps[-1].counters.prefix_cache_queries == 3
             assert failures == []
         finally:
             await client.stop()

@@ -70,8 +70,8 @@ def test_an_aborted_run_is_a_cancelled_result() -> None:
 
 
 def test_a_rejected_record_fails_visibly_only_when_it_names_a_job() -> None:
-    assert rejected_result(Rejected("not JSON"), "not JSON", "w") is None
-    failure = rejected_result(Rejected("bad", "j9", "acme"), "bad: reason", "w")
+    assert rejected_result(Rejected("not JSON", "unreadable"), "not JSON", "w") is None
+    failure = rejected_result(Rejected("bad", "invalid", "j9", "acme"), "bad: reason", "w")
     assert failure is not None
     assert (failure.job_id, failure.tenant, failure.status) == ("j9", "acme", JobStatus.FAILED)
     assert failure.error == "bad: reason" and failure.finish_reason == "error"

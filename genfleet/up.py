@@ -1,0 +1,190 @@
+"""``genfleet up``: the whole fleet on this host, in one command.
+
+Starts, on loopback, the embedded Kafka broker (tansu, in memory), a
+``redis-server``, N workers and the API; prints where everything is, sends one
+first request, and serves until Ctrl-C or SIGTERM. It then stops the pieces in
+order — the API (no new jobs), the workers (each drains its running jobs), Redis,
+the broker — and leaves no process behind.
+
+The children run in their own process group, so a Ctrl-C in the terminal
+reaches this supervisor only: it must not stop Redis under a draining worker.
+A worker that exits on its own (a failed engine exits 1 by design) is started
+again, as an orchestrator would.
+"""
+
+import argparse
+import signal
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from genfleet.local_fleet import LocalFleet, local_fleet
+from genfleet.processes import FleetProcess
+
+READY_TIMEOUT_S = 300.0
+API_STOP_S = 10.0
+FIRST_PROMPT = "What is the capital of France? Answer in one sentence."
+
+console = Console(soft_wrap=True)  # URLs and commands stay whole in a log
+
+
+def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="model folder or name")
+    parser.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9400,
+        help="first worker's /metrics, /healthz and /readyz port; the next workers count up",
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="keep Redis's data here (AOF) across restarts"
+    )
+    parser.add_argument("--log-dir", type=Path, default=None, help="the pieces' log files")
+    parser.add_argument(
+        "--no-first-request", action="store_true", help="do not send the first request"
+    )
+
+
+def _check_port_free(port: int, what: str) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise RuntimeError(
+                f"port {port} ({what}) is in use: stop what holds it, or choose another port"
+            ) from None
+
+
+def _model_folder(name: str) -> Path:
+    from worker.model_fetch import cache_dir, is_model_folder, resolve_model
+
+    path = Path(name).expanduser()
+    if path.is_dir() or is_model_folder(cache_dir() / name):
+        return resolve_model(name)
+    with console.status(f"fetching and converting {name} (once; later starts read the cache)"):
+        return resolve_model(name)
+
+
+def _wait_until_ready(fleet: LocalFleet, urls: list[str], stop: threading.Event) -> None:
+    """Every worker answers ``/readyz`` (model loaded, group joined); a worker that exits
+    meanwhile (a model that will not load) is an error naming its log."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    waiting = set(urls)
+    with console.status("loading the model in the workers and joining the consumer group"):
+        while waiting and time.monotonic() < deadline and not stop.is_set():
+            for worker in fleet.workers.values():
+                if not worker.alive:
+                    raise RuntimeError(
+                        f"a worker exited at start (code {worker.process.returncode}); "
+                        f"its log, {worker.log_path}, ends:\n{_tail(worker)}"
+                    )
+            for url in list(waiting):
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                        waiting.discard(url)
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.25)
+    if waiting and not stop.is_set():
+        raise RuntimeError(f"workers not ready within {READY_TIMEOUT_S:.0f} s")
+
+
+def _tail(process: FleetProcess, lines: int = 15) -> str:
+    return "\n".join(process.log().splitlines()[-lines:])
+
+
+def _print_welcome(api_url: str, worker_urls: list[str], model: str, log_dir: Path) -> None:
+    console.print(f"[bold green]genfleet is serving[/] {model} with {len(worker_urls)} worker(s)")
+    console.print(f"  API           {api_url}  (OpenAPI docs: {api_url}/docs)")
+    console.print(f"  API metrics   {api_url}/metrics")
+    for url in worker_urls:
+        console.print(f"  worker        {url}/metrics  {url}/healthz  {url}/readyz")
+    console.print(f"  logs          {log_dir}")
+    console.print("\nfrom Python, with the openai client:")
+    console.print(
+        "  from openai import OpenAI\n"
+        f'  client = OpenAI(base_url="{api_url}/v1", api_key="unused")\n'
+        f'  reply = client.chat.completions.create(model="{model}",\n'
+        '      messages=[{"role": "user", "content": "Hello!"}])\n'
+        "  print(reply.choices[0].message.content)",
+        highlight=False,
+    )
+    console.print("\nwith curl:")
+    console.print(
+        f"  curl {api_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{model}", "messages": '
+        '[{"role": "user", "content": "Hello!"}]}\'',
+        highlight=False,
+        markup=False,
+    )
+
+
+def _first_request(api_url: str, model: str) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": FIRST_PROMPT}],
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    started = time.monotonic()
+    try:
+        reply = httpx.post(f"{api_url}/v1/chat/completions", json=body, timeout=120)
+        reply.raise_for_status()
+        answer = reply.json()["choices"][0]["message"]["content"].strip()
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+        console.print(f"[yellow]the first request failed: {error!r}; the fleet serves on[/]")
+        return
+    console.print(f"\n> {FIRST_PROMPT}\n{answer}", highlight=False, markup=False)
+    console.print(f"[dim]({time.monotonic() - started:.1f} s through the whole fleet)[/]")
+
+
+def _serve(fleet: LocalFleet, stop: threading.Event) -> None:
+    """Until Ctrl-C or SIGTERM; a worker that exits is started again, with its id."""
+    while not stop.wait(0.5):
+        for worker_id, worker in list(fleet.workers.items()):
+            if not worker.alive:
+                code = worker.process.returncode
+                console.print(f"[yellow]{worker_id} exited ({code}); starting it again[/]")
+                fleet.restart_worker(worker_id)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ValueError("--workers must be at least 1")
+    metrics_ports = [args.metrics_port + i for i in range(args.workers)]
+    _check_port_free(args.port, "the API")
+    for port in metrics_ports:
+        _check_port_free(port, "a worker's metrics")
+    model = _model_folder(args.model)
+    served_name = model.name  # what the API serves and the workers' metrics are labelled
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="genfleet-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    redis_dir = None if args.data_dir is None else args.data_dir / "redis"
+    with local_fleet(model, log_dir, redis_data_dir=redis_dir, own_group=True) as fleet:
+        for port in metrics_ports:
+            fleet.start_worker("--metrics-host", "127.0.0.1", "--metrics-port", str(port))
+        api = fleet.start_api("--host", "127.0.0.1", "--model", served_name, port=args.port)
+        worker_urls = [f"http://127.0.0.1:{port}" for port in metrics_ports]
+        try:
+            _wait_until_ready(fleet, worker_urls, stop)
+            if not stop.is_set():
+                _print_welcome(api.url, worker_urls, served_name, log_dir)
+                if not args.no_first_request:
+                    _first_request(api.url, served_name)
+                console.print("\n[dim]Ctrl-C stops the fleet[/]")
+                _serve(fleet, stop)
+        finally:
+            with console.status("stopping: the API, then the workers (draining), Redis, Kafka"):
+                fleet.stop_gracefully(API_STOP_S)
+    console.print("genfleet stopped")
+    return 0

@@ -1,0 +1,193 @@
+"""The worker's Prometheus metrics: one registry, every name defined here once.
+
+The engine's metrics carry vLLM v1's names, meanings and buckets under
+``genfleet:`` with a ``model_name`` label, so dashboards and alerts written for
+vLLM read a genfleet worker too. They are recorded in the service process from
+what each engine step reports (``StepOutput``): gauges from its load, counters
+from the engine's running totals, request histograms from the timings of
+finished requests. The fleet's own metrics (partitions, lag, dead letters,
+redeliveries, results, steps) follow them.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from worker.outputs import RequestDelta
+from worker.service.engine_protocol import EngineCounters, StepOutput
+
+# vLLM v1's buckets (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+INTER_TOKEN_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def token_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's ``build_1_2_5_buckets``)."""
+    buckets: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, model_name: str, max_model_len: int) -> None:
+        self.registry = registry
+        self.model_name = model_name
+        registry, model = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str, labels: list[str] = model) -> Gauge:
+            return Gauge(f"genfleet:{name}", doc, labels, registry=registry)
+
+        def counter(name: str, doc: str, labels: list[str] = model) -> Counter:
+            return Counter(f"genfleet:{name}", doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, buckets: tuple | list) -> Histogram:
+            return Histogram(f"genfleet:{name}", doc, model, buckets=buckets, registry=registry)
+
+        tokens = token_buckets(max_model_len)
+        self.running = gauge("num_requests_running", "Number of requests in model execution")
+        self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed")
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage")
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens"
+        )
+        self.prefix_hits = counter(
+            "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens"
+        )
+        self.preemptions = counter("num_preemptions", "Cumulative number of preemptions")
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed")
+        self.generation_tokens = counter(
+            "generation_tokens", "Number of generation tokens processed"
+        )
+        self.request_success = counter(
+            "request_success",
+            "Count of processed requests, by finish reason",
+            ["model_name", "finished_reason"],
+        )
+        self.ttft = histogram(
+            "time_to_first_token_seconds",
+            "Time to first token, from when the worker took the job",
+            TTFT_BUCKETS,
+        )
+        self.inter_token = histogram(
+            "inter_token_latency_seconds", "Time between two output tokens", INTER_TOKEN_BUCKETS
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds",
+            "Time from when the worker took the job to its last token",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue_time = histogram(
+            "request_queue_time_seconds",
+            "Time waiting before the first step",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds",
+            "Time from the first step to the first token",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds",
+            "Time from the first token to the last",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens per finished request", tokens
+        )
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per finished request", tokens
+        )
+        self.step_seconds = histogram(
+            "engine_step_seconds", "Duration of one engine step", STEP_BUCKETS
+        )
+        self.batch_size = histogram(
+            "engine_batch_size", "Sequences run in one engine step", BATCH_BUCKETS
+        )
+        # The fleet's own.
+        self.partitions_assigned = gauge(
+            "partitions_assigned", "Jobs-topic partitions this worker owns", []
+        )
+        self.partitions_paused = gauge(
+            "partitions_paused", "Owned partitions paused by backpressure or outages", []
+        )
+        self.consumer_lag = gauge(
+            "consumer_lag",
+            "Jobs in an owned partition past its committed offset",
+            ["partition"],
+        )
+        self.dead_lettered = counter(
+            "jobs_dead_lettered", "Job records sent to the dead-letter topic", ["reason"]
+        )
+        self.redelivered = counter(
+            "jobs_redelivered", "Jobs delivered again after an earlier attempt started", []
+        )
+        self.results = counter(
+            "results_produced", "Results produced to the results topic", ["status"]
+        )
+        self._counted = EngineCounters()
+        self._last_token_at: dict[str, float] = {}  # by request id
+
+    def record_step(self, step: StepOutput) -> None:
+        model = self.model_name
+        load = step.load
+        self.running.labels(model).set(load.running)
+        self.waiting.labels(model).set(load.waiting)
+        self.kv_usage.labels(model).set(1 - load.free_blocks / max(1, load.total_blocks))
+        totals, counted = step.counters, self._counted
+        self.preemptions.labels(model).inc(totals.preemptions - counted.preemptions)
+        self.prefix_queries.labels(model).inc(
+            totals.prefix_cache_queries - counted.prefix_cache_queries
+        )
+        self.prefix_hits.labels(model).inc(totals.prefix_cache_hits - counted.prefix_cache_hits)
+        self._counted = totals
+        if step.step is None:
+            return
+        if step.step.num_seqs:  # not a step that only reported aborts
+            self.step_seconds.labels(model).observe(step.step.seconds)
+            self.batch_size.labels(model).observe(step.step.num_seqs)
+        for output in step.outputs:
+            self._record_delta(output.delta, step.step.ended_at)
+
+    def _record_delta(self, delta: RequestDelta, ended_at: float) -> None:
+        model, timings, rid = self.model_name, delta.timings, delta.request_id
+        if delta.new_token_ids:
+            self.generation_tokens.labels(model).inc(len(delta.new_token_ids))
+            last = self._last_token_at.get(rid)
+            if last is not None:
+                self.inter_token.labels(model).observe(ended_at - last)
+            elif delta.token_index == 0 and timings.first_token_time is not None:
+                self.prompt_tokens.labels(model).inc(delta.usage.prompt_tokens)
+                self.ttft.labels(model).observe(timings.first_token_time - timings.arrival_time)
+            self._last_token_at[rid] = ended_at
+        if not delta.finished:
+            return
+        self._last_token_at.pop(rid, None)
+        self.request_success.labels(model, delta.finish_reason or "abort").inc()
+        self.request_prompt_tokens.labels(model).observe(delta.usage.prompt_tokens)
+        self.request_generation_tokens.labels(model).observe(delta.usage.completion_tokens)
+        finished = timings.finished_time
+        if finished is None:
+            return
+        self.e2e.labels(model).observe(finished - timings.arrival_time)
+        scheduled, first = timings.scheduled_time, timings.first_token_time
+        if scheduled is not None:
+            self.queue_time.labels(model).observe(scheduled - timings.arrival_time)
+            if first is not None:
+                self.prefill_time.labels(model).observe(first - scheduled)
+                self.decode_time.labels(model).observe(finished - first)
