@@ -1,9 +1,9 @@
-# Two entry points, both idempotent: `make demo` and `make test`.
+# Entry points, all idempotent: `make up` (the fleet), `make test`, `make demo` (offline).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install
+.PHONY: up demo test lint install
 
 $(STAMP): pyproject.toml Makefile
 	# Redis for the integration tests and the local fleet: the system package.
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+up: $(STAMP)
+	$(VENV)/bin/genfleet up
 
 demo: $(STAMP)
 	$(VENV)/bin/genfleet generate "What is the capital of France?" --max-tokens 48

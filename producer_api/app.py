@@ -16,6 +16,7 @@ from producer_api.errors import ApiError, install_error_handlers
 from producer_api.fleet import Fleet
 from producer_api.metrics import ApiMetrics, RequestMetricsMiddleware
 from producer_api.settings import LOOPBACK, ApiSettings
+from queue_schemas.logs import configure_logging
 
 log = logging.getLogger("genfleet.api")
 KEEP_ALIVE_S = 65
@@ -78,7 +79,7 @@ def listen_address(settings: ApiSettings) -> str:
 
 
 def run_api(settings: ApiSettings) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(settings.log_format)
     host = listen_address(settings)
     log.info("genfleet api on http://%s:%d (model %s)", host, settings.port, settings.model)
     # Idle keep-alive connections live longer than uvicorn's 5 s default, so that a
@@ -88,6 +89,7 @@ def run_api(settings: ApiSettings) -> int:
         host=host,
         port=settings.port,
         log_level="warning",
+        log_config=None,  # uvicorn's loggers go through ours: one format per process
         timeout_keep_alive=KEEP_ALIVE_S,
     )
     return 0

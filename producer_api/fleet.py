@@ -9,6 +9,7 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from producer_api.auth import KeyRing, Tenant
+from producer_api.backlog import FleetBacklog
 from producer_api.fanout import LiveFanout
 from producer_api.job_store import JobStore
 from producer_api.kafka_submit import JobSubmitter
@@ -44,10 +45,12 @@ class Fleet:
         self.store = JobStore(self.redis, self.fanout, settings)
         self.limits = TenantLimits(self.redis, self.names)
         self.submitter = JobSubmitter(settings, self.names)
+        self.backlog = FleetBacklog(settings, self.names, metrics)
         self._background: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         await self.fanout.start()
+        self.backlog.start()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run work that must outlive the request that started it (a cancel on hang-up)."""
@@ -57,6 +60,7 @@ class Fleet:
 
     async def stop(self) -> None:
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.backlog.stop()
         await self.submitter.stop()
         await self.fanout.stop()
         await self.redis.aclose()

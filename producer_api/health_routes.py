@@ -19,7 +19,7 @@ async def readyz(fleet: FleetDep) -> JSONResponse:
     checks = await fleet.ready()
     ready = all(checks.values())
     headers = None if ready else {"Retry-After": str(fleet.settings.retry_after_s)}
-    body = {"status": "ready" if ready else "unavailable", **checks}
+    body = {"status": "ready" if ready else "unavailable", **checks, **fleet.backlog.detail()}
     return JSONResponse(body, status_code=200 if ready else 503, headers=headers)
 
 

@@ -27,6 +27,21 @@ class ApiMetrics:
             "server-sent event streams open (job events and OpenAI streams)",
             registry=self.registry,
         )
+        self.fleet_backlog = Gauge(
+            "genfleet:api_fleet_backlog",
+            "jobs in the jobs topic past the workers' committed offsets",
+            registry=self.registry,
+        )
+        self.fleet_completion_rate = Gauge(
+            "genfleet:api_fleet_completion_rate",
+            "jobs/s the fleet committed over the last minute",
+            registry=self.registry,
+        )
+        self.fleet_rejections = Counter(
+            "genfleet:api_fleet_rejections",
+            "interactive requests answered 429 because the fleet's backlog was full",
+            registry=self.registry,
+        )
         self.submit_seconds = Histogram(
             "genfleet:api_submit_seconds",
             "time to record and produce a request's jobs (Redis + Kafka acks=all)",

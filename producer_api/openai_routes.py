@@ -165,6 +165,7 @@ async def _cancel_all(fleet: Fleet, tenant: Tenant, run: Run, why: str) -> None:
 async def _respond(
     fleet: Fleet, tenant: Tenant, body: GenerationRequest, run: Run, request: Request
 ) -> Response:
+    fleet.backlog.admit_interactive()
     await fleet.submit(tenant, run.jobs, route=request.url.path)
     if body.stream:
         chunks = _chunks(fleet, tenant, run, body.include_usage)

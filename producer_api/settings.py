@@ -21,6 +21,13 @@ class ApiSettings(FleetSettings):
     rate_limit_per_minute: int = Field(600, ge=1, description="new jobs per tenant per minute")
     max_outstanding_jobs: int = Field(256, ge=1, description="unfinished jobs per tenant")
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="largest request body")
+    # Fleet admission for the OpenAI routes (``backlog``); /v1/jobs always queues.
+    max_queued_jobs: int | None = Field(
+        None, ge=1, description="fleet backlog past which OpenAI routes answer 429 (off: none)"
+    )
+    backlog_refresh_s: float = Field(
+        2.0, gt=0, description="how often the fleet's backlog is read from Kafka"
+    )
     # Delivery.
     redis_max_connections: int = Field(32, ge=2, description="Redis connections besides pub/sub")
     kafka_send_timeout_s: float = Field(5.0, gt=0, description="broker silent this long: 503")

@@ -4,6 +4,7 @@ and the workers, so that both read the same ``GENFLEET_*`` variables."""
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from queue_schemas.logs import LogFormat
 from queue_schemas.names import Names
 
 
@@ -19,6 +20,9 @@ class FleetSettings(BaseSettings):
     )
     event_stream_maxlen: int = Field(10_000, ge=1, description="events kept per job stream")
     result_ttl_s: int = Field(86_400, ge=1, description="lifetime of a job's Redis keys")
+    log_format: LogFormat = Field(
+        "auto", description="auto (JSON unless on a terminal), json, text"
+    )
 
     @property
     def names(self) -> Names:

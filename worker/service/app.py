@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from queue_schemas import DeadLetter, JobRequest, JobResult, JobStatus, Names
+from queue_schemas.logs import configure_logging
 from queue_schemas.messages import now
 from queue_schemas.redis_records import Delivery
 from worker.sampling_params import SamplingParams
@@ -51,13 +52,13 @@ from worker.service.flights import Attempts, InFlight, JobKey, Record, key_of
 from worker.service.health import HealthServer, ListenError, health_app
 from worker.service.intake import UNREADABLE, Rejected, parse_job, sampling_params
 from worker.service.kafka_out import KafkaOut
-from worker.service.logs import configure_logging
 from worker.service.metrics import WorkerMetrics
 from worker.service.offsets import OffsetTracker
 from worker.service.publisher import History, RedisPublisher, TenantEvent
 from worker.service.settings import WorkerSettings
 from worker.service.wire import (
     cancelled_result,
+    finished_line,
     finished_result,
     lost_result,
     refusal,
@@ -509,8 +510,10 @@ class WorkerService:
         claims = await self.publisher.publish(
             events, [(r, c) for r, _, c in finished], lambda: self._history(leaving or [])
         )
-        for (result, record, _), won in zip(finished, claims, strict=True):
+        for (result, record, attempt), won in zip(finished, claims, strict=True):
             if won:
+                text, fields = finished_line(result, attempt)
+                log.info(text, extra=fields)
                 self._to_send.put_nowait((result, record))
             else:  # another copy of the job claimed the result first
                 self._settled(record)
@@ -632,7 +635,7 @@ class WorkerService:
 
 def run_worker(settings: WorkerSettings) -> int:
     """Serve until SIGTERM; the exit status is 0 unless the engine or a task failed."""
-    configure_logging()
+    configure_logging(settings.log_format)
     service = WorkerService(settings)
     try:
         asyncio.run(service.run())

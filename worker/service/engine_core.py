@@ -22,6 +22,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from queue_schemas.logs import configure_logging
 from worker.engine import LLMEngine
 from worker.outputs import RequestDelta
 from worker.service.engine_protocol import (
@@ -44,7 +45,6 @@ from worker.service.engine_protocol import (
 )
 from worker.service.intake import reason_for
 from worker.service.job_prompts import engine_prompt, longest_token_bytes
-from worker.service.logs import configure_logging
 from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.engine")
@@ -161,7 +161,7 @@ def run_engine_process(settings: WorkerSettings, conn: Connection) -> None:
     """The engine process's entry point (``multiprocessing`` spawns it)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    configure_logging()
+    configure_logging(settings.log_format)
     try:
         core = EngineCore(LLMEngine(settings.engine_config()), conn)
         threading.Thread(target=core.read_commands, name="commands", daemon=True).start()

@@ -108,3 +108,31 @@ def lost_result(job: JobRequest) -> JobResult:
 def refusal(job: JobRequest, error: BaseException) -> Rejected:
     """A parsed job that cannot be served: the engine's ValueError names why."""
     return Rejected(reason_for(error), REFUSED, job.job_id, job.tenant)
+
+
+def finished_line(result: JobResult, attempt: str) -> tuple[str, dict[str, object]]:
+    """A finished job's one log line: the text people read, and the same facts as
+    fields for JSON logs. Times run from the job's creation (the caller's view)."""
+
+    def since_created(moment: datetime | None) -> float | None:
+        if moment is None or result.created_at is None:
+            return None
+        return round((moment - result.created_at).total_seconds(), 3)
+
+    fields: dict[str, object] = {
+        "job_id": result.job_id,
+        "tenant": result.tenant,
+        "status": result.status.value,
+        "prompt_tokens": result.usage.prompt_tokens,
+        "output_tokens": result.usage.completion_tokens,
+        "ttft_s": since_created(result.first_token_at),
+        "total_s": since_created(result.finished_at),
+        "worker": result.worker,
+        "attempt": attempt,
+    }
+    text = (
+        f"job {result.tenant}/{result.job_id} {result.status.value}: "
+        f"{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} output tokens, "
+        f"ttft {fields['ttft_s']} s, total {fields['total_s']} s, attempt {attempt}"
+    )
+    return text, fields

@@ -13,6 +13,7 @@ from worker.service.flights import Attempts, InFlight, Record
 from worker.service.intake import Rejected
 from worker.service.wire import (
     cancelled_result,
+    finished_line,
     finished_result,
     refusal,
     rejected_result,
@@ -97,3 +98,17 @@ def test_the_service_process_imports_no_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_finished_job_logs_one_line_with_its_facts() -> None:
+    flight = _flight()
+    flight.job = flight.job.model_copy(update={"created_at": datetime.fromtimestamp(100.0, UTC)})
+    token_event(flight, _output(0, [5, 6], "He"))
+    result = finished_result(flight, _output(2, [7], "llo", finish="stop"), "w")
+    text, fields = finished_line(result, "w-0")
+    assert fields["job_id"] == "j1" and fields["tenant"] == "acme"
+    assert (fields["prompt_tokens"], fields["output_tokens"]) == (3, 3)
+    assert fields["ttft_s"] == 1.5 and fields["attempt"] == "w-0"
+    assert fields["status"] == "completed"
+    assert text.startswith("job acme/j1 completed: 3 prompt + 3 output tokens, ttft 1.5 s")
+    assert "hi" not in text and "Hello" not in text  # neither prompt nor output text

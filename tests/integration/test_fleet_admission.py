@@ -1,0 +1,133 @@
+"""Fleet-level admission: the API reads the fleet's backlog from Kafka's offsets and,
+past ``max_queued_jobs``, answers the OpenAI routes 429 with a Retry-After from the
+fleet's completion rate, while ``/v1/jobs`` keeps queueing. No worker runs here: the
+test commits the group's offsets itself, as workers finishing jobs would."""
+
+import asyncio
+import time
+
+import httpx
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from queue_schemas import Names
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def _broker_backlog(bootstrap: str, names: Names) -> int:
+    """End offsets minus the group's committed offsets (log starts where none), read
+    here from the broker."""
+
+    async def read() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await consumer.start()
+        await admin.start()
+        try:
+            await consumer.topics()
+            partitions = consumer.partitions_for_topic(names.jobs_topic) or set()
+            tps = [TopicPartition(names.jobs_topic, p) for p in partitions]
+            ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+            committed = await admin.list_consumer_group_offsets(
+                names.consumer_group, partitions=tps
+            )
+            held = {tp: c.offset for tp, c in committed.items() if c.offset >= 0}
+            return sum(ends[tp] - held.get(tp, starts[tp]) for tp in tps)
+        finally:
+            await consumer.stop()
+            await admin.close()
+
+    return asyncio.run(read())
+
+
+def _commit_jobs_done(bootstrap: str, names: Names, count: int) -> None:
+    """Commit ``count`` more jobs as done, as the group's workers would."""
+
+    async def commit() -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=names.consumer_group, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            await consumer.topics()
+            partitions = sorted(consumer.partitions_for_topic(names.jobs_topic) or set())
+            tps = [TopicPartition(names.jobs_topic, p) for p in partitions]
+            consumer.assign(tps)
+            ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+            left, offsets = count, {}
+            for tp in tps:
+                done = await consumer.committed(tp)
+                at = starts[tp] if done is None else done
+                step = min(left, ends[tp] - at)
+                if step:
+                    offsets[tp] = OffsetAndMetadata(at + step, "")
+                    left -= step
+            assert left == 0
+            await consumer.commit(offsets)
+        finally:
+            await consumer.stop()
+
+    asyncio.run(commit())
+
+
+def _backlog_shown(client: httpx.Client, expected: int) -> dict:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        detail = client.get("/readyz").json()
+        if detail["queued_jobs"] == expected:
+            return detail
+        time.sleep(0.2)
+    raise AssertionError(f"backlog never showed {expected}: {detail}")
+
+
+def _metric(client: httpx.Client, name: str) -> float:
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not exported")
+
+
+def test_openai_routes_answer_429_past_the_backlog_while_jobs_queue(
+    services, start_api, prefix
+) -> None:
+    kafka, _ = services
+    names = Names(prefix)
+    api = start_api(
+        "--max-queued-jobs", "3", "--backlog-refresh-s", "0.3", "--retry-after-s", "9"
+    )  # fmt: skip
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        for _ in range(4):
+            assert client.post("/v1/jobs", json={"prompt": "a"}).status_code == 202
+        detail = _backlog_shown(client, 4)
+        assert detail["max_queued_jobs"] == 3
+        assert _broker_backlog(kafka.address, names) == 4
+        assert _metric(client, "genfleet:api_fleet_backlog") == 4
+
+        refused = client.post("/v1/chat/completions", json=CHAT)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "fleet_overloaded"
+        assert refused.headers["Retry-After"] == "9"  # no completions measured yet
+        assert client.post("/v1/completions", json={"prompt": "a"}).status_code == 429
+        assert client.post("/v1/jobs", json={"prompt": "b"}).status_code == 202  # queues
+        _backlog_shown(client, 5)
+
+        # Workers finish two jobs: the backlog follows the committed offsets, and the
+        # Retry-After now comes from the measured completion rate.
+        _commit_jobs_done(kafka.address, names, 2)
+        _backlog_shown(client, 3)
+        assert _broker_backlog(kafka.address, names) == 3
+        assert _metric(client, "genfleet:api_fleet_completion_rate") > 0
+        refused = client.post("/v1/chat/completions", json=CHAT)
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert _metric(client, "genfleet:api_fleet_rejections_total") == 3
+
+        _commit_jobs_done(kafka.address, names, 1)
+        _backlog_shown(client, 2)
+        # Under the limit: admitted (the stream opens and waits for a worker).
+        with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.status_code == 200
