@@ -1,17 +1,20 @@
-"""Fleet-level admission: the API reads the fleet's backlog from Kafka's offsets and,
-past ``max_queued_jobs``, answers the OpenAI routes 429 with a Retry-After from the
-fleet's completion rate, while ``/v1/jobs`` keeps queueing. No worker runs here: the
-test commits the group's offsets itself, as workers finishing jobs would."""
+"""The fleet's backlog as Kafka's offsets tell it: the API's admission (past
+``max_queued_jobs`` the OpenAI routes answer 429 with a Retry-After from the fleet's
+completion rate, while ``/v1/jobs`` keeps queueing; no worker runs, the test commits
+the group's offsets as finishing workers would), and a worker's lag gauge."""
 
 import asyncio
+import contextlib
 import time
 
 import httpx
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from genfleet.chaos.target import job_record
+from genfleet.local_services import free_port
 from queue_schemas import Names
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -83,12 +86,24 @@ def _backlog_shown(client: httpx.Client, expected: int) -> dict:
     raise AssertionError(f"backlog never showed {expected}: {detail}")
 
 
-def _metric(client: httpx.Client, name: str) -> float:
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    raise AssertionError(f"{name} not exported")
+def _sum(client: httpx.Client, name: str) -> float:
+    """A metric's samples of that name added up (0 when it has none)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+async def _produce_jobs(bootstrap: str, names: Names, count: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for i in range(count):
+            await producer.send_and_wait(names.jobs_topic, job_record(f"lag{i}", 600))
+    finally:
+        await producer.stop()
 
 
 def test_openai_routes_answer_429_past_the_backlog_while_jobs_queue(
@@ -105,7 +120,7 @@ def test_openai_routes_answer_429_past_the_backlog_while_jobs_queue(
         detail = _backlog_shown(client, 4)
         assert detail["max_queued_jobs"] == 3
         assert _broker_backlog(kafka.address, names) == 4
-        assert _metric(client, "genfleet:api_fleet_backlog") == 4
+        assert _sum(client, "genfleet:api_fleet_backlog") == 4
 
         refused = client.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 429
@@ -120,14 +135,47 @@ def test_openai_routes_answer_429_past_the_backlog_while_jobs_queue(
         _commit_jobs_done(kafka.address, names, 2)
         _backlog_shown(client, 3)
         assert _broker_backlog(kafka.address, names) == 3
-        assert _metric(client, "genfleet:api_fleet_completion_rate") > 0
+        assert _sum(client, "genfleet:api_fleet_completion_rate") > 0
         refused = client.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 429
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
-        assert _metric(client, "genfleet:api_fleet_rejections_total") == 3
+        assert _sum(client, "genfleet:api_fleet_rejections_total") == 3
 
         _commit_jobs_done(kafka.address, names, 1)
         _backlog_shown(client, 2)
         # Under the limit: admitted (the stream opens and waits for a worker).
         with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
             assert r.status_code == 200
+
+
+def test_the_worker_lag_gauge_agrees_with_the_broker_while_jobs_wait(
+    services, start_worker, prefix
+) -> None:
+    kafka, _ = services
+    names = Names(prefix)
+    port = free_port()
+    # One sequence at a time, one waiting: the rest of the jobs wait in Kafka.
+    start_worker(
+        "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+        "--max-num-seqs", "1", "--max-waiting", "1",
+    )  # fmt: skip
+    worker = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            if worker.get("/readyz").status_code == 200:
+                break
+        time.sleep(0.2)
+    asyncio.run(_produce_jobs(kafka.address, names, 6))
+    agreed, paused_seen = [], 0.0
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not agreed:
+        gauge = _sum(worker, "genfleet:consumer_lag")
+        paused_seen = max(paused_seen, _sum(worker, "genfleet:partitions_paused"))
+        broker = _broker_backlog(kafka.address, names)
+        if gauge == broker > 0:
+            agreed.append(broker)
+        time.sleep(0.3)
+    assert agreed, "the worker's lag gauge never matched the broker's offsets"
+    assert paused_seen >= 1  # backpressure held the waiting jobs in Kafka
+    assert _sum(worker, "genfleet:partitions_assigned") == 4
