@@ -98,6 +98,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         config = EngineConfig(
             model=str(folder),
             dtype=dtype,
+            device="cpu",  # where the transformers baselines run: like against like
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             seed=args.seed,

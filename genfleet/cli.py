@@ -21,7 +21,7 @@ def _model_fetch(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from worker import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device)
     tokenizer = llm.get_tokenizer()
     prompts = []
     for text in args.prompts:
@@ -94,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text with the engine on this host")
     generate.add_argument("prompts", nargs="+")
     generate.add_argument("--model", default="SmolLM2-135M-Instruct")
-    generate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    generate.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
+    generate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     generate.add_argument("--max-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)

@@ -1,10 +1,39 @@
 """Engine settings: the knobs of vLLM's engine arguments that apply here."""
 
+import re
 from dataclasses import dataclass
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+
+
+def cpu_has_bf16_dot_products() -> bool:
+    """AVX512-BF16 or AMX: where bf16 matmuls run natively instead of being emulated."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: CUDA when torch sees a GPU, else the CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" or re.fullmatch(r"cuda(:\d+)?", device):
+        return device
+    raise ValueError(f"device must be one of {DEVICE_CHOICES}; got {device!r}")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto`` as vLLM means it for the hardware: bf16 on a GPU that has it, else fp16;
+    on a CPU bf16 where it has bf16 dot products, else fp32 (emulated bf16 is slower)."""
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}; got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if cpu_has_bf16_dot_products() else "float32"
 
 
 @dataclass
@@ -14,11 +43,13 @@ class EngineConfig:
     ``model`` is a Hugging Face model folder or the name of a model that
     ``genfleet model fetch`` knows. The KV cache gets ``num_gpu_blocks_override``
     blocks when set, otherwise as many as fit in ``kv_cache_memory_gib``.
+    ``device`` and ``dtype`` may be ``auto`` (``resolve_device``, ``resolve_dtype``);
+    after construction they name what was chosen.
     """
 
     model: str = "SmolLM2-135M-Instruct"
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -33,8 +64,8 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        self.device = resolve_device(self.device)
+        self.dtype = resolve_dtype(self.dtype, self.device)
         positive = {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,

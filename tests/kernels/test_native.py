@@ -241,3 +241,16 @@ def test_bf16_linear_keeps_leading_dims() -> None:
     expected = F.linear(x.float(), weight.float())
     assert actual.shape == (2, 3, 48)
     torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=1e-2)
+
+
+def test_a_bf16_linear_runs_on_every_cpu() -> None:
+    """Where neither the native kernel nor oneDNN takes bf16 (no AVX512-BF16, no
+    AVX-512), the layer falls back to F.linear instead of failing to pack."""
+    from worker.models.linear import Linear
+
+    torch.manual_seed(0)
+    layer = Linear(64, 48, bias=True).to(torch.bfloat16)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    layer.pack()
+    torch.testing.assert_close(layer(x).float(), expected, atol=0.05, rtol=0.02)

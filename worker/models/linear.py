@@ -37,6 +37,9 @@ def _native_bf16(weight: torch.Tensor) -> PackedLinear | None:
 def _onednn(weight: torch.Tensor) -> PackedLinear | None:
     if not torch.backends.mkldnn.is_available():
         return None
+    if weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return None  # oneDNN refuses bf16 without AVX-512 (or AVX-NE-CONVERT): F.linear
+
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
     return lambda x, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 

@@ -25,7 +25,10 @@ class WorkerSettings(FleetSettings):
         description="name in results and logs",
     )
     # Engine knobs, as in EngineConfig.
-    dtype: str = Field("float32", description="float32 or bfloat16")
+    device: str = Field("auto", description="auto (CUDA if torch sees a GPU), cpu, cuda, cuda:N")
+    dtype: str = Field(
+        "auto", description="auto (bf16 where the hardware has it, else fp16/fp32), float32, ..."
+    )
     max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step")
     block_size: int = Field(16, ge=1, description="KV cache block size")
@@ -71,6 +74,7 @@ class WorkerSettings(FleetSettings):
 
         return EngineConfig(
             model=self.model,
+            device=self.device,
             dtype=self.dtype,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
