@@ -157,7 +157,7 @@ async def _cancel_all(fleet: Fleet, tenant: Tenant, run: Run, why: str) -> None:
     for job_id in run.job_ids:
         try:
             await fleet.cancel(tenant, job_id)
-            log.info("%s: cancelled %s", why, job_id)
+            log.info("%s: cancelled %s", why, job_id, extra={"job_id": job_id})
         except ApiError:
             pass  # finished already
 

@@ -55,7 +55,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_gpu_blocks_override: int | None = None
-    kv_cache_memory_gib: float = 1.0
+    kv_cache_memory_gib: float = 1.0  # the CPU's KV budget
+    # On CUDA: the share of the device's memory this engine may take, KV cache included.
+    gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     # Fraction of blocks kept free when admitting a new sequence, so running
@@ -74,6 +76,10 @@ class EngineConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
 

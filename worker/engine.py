@@ -1,6 +1,7 @@
 """The engine core: a plain schedule -> execute -> update loop over many requests."""
 
 import itertools
+import logging
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer
+from worker.kv_sizing import describe
 from worker.model_fetch import resolve_model
 from worker.model_runner import ModelRunner
 from worker.models.loader import load_config, load_model
@@ -21,6 +23,7 @@ from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
 
 Prompt = str | list[int] | dict
+log = logging.getLogger("genfleet.engine")
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
@@ -60,7 +63,8 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.tokenizer = load_tokenizer(folder)
         self.eos_token_ids = eos_token_ids(folder, self.tokenizer)
-        self.runner = ModelRunner(config, model)
+        self.runner = ModelRunner(config, model, self.max_model_len)
+        log.info(describe(self.runner.num_blocks, config.block_size, self.max_model_len))
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )

@@ -2,12 +2,14 @@
 
 import torch
 
+from worker.block_manager import cdiv
 from worker.config import EngineConfig
+from worker.kv_sizing import GIB, DeviceMemory, blocks_from_budget, gpu_blocks
 from worker.models.attention_metadata import AttentionMetadata
 from worker.models.llama import LlamaForCausalLM, head_dim_of
+from worker.sampling_params import SamplingParams
 from worker.scheduler import SchedulerOutput
-
-GIB = 1 << 30
+from worker.sequence import Sequence
 
 
 def kv_bytes_per_block(model: LlamaForCausalLM, config: EngineConfig) -> int:
@@ -16,15 +18,53 @@ def kv_bytes_per_block(model: LlamaForCausalLM, config: EngineConfig) -> int:
     return per_token * config.block_size * config.torch_dtype.itemsize
 
 
+def profile_batch(config: EngineConfig, max_model_len: int) -> SchedulerOutput:
+    """The largest step the scheduler can make: ``max_num_batched_tokens`` prompt tokens
+    over as many sequences as it runs at once, every one sampling, all on block 0."""
+    tokens = config.max_num_batched_tokens
+    count = max(min(config.max_num_seqs, tokens), cdiv(tokens, max_model_len - 1))
+    lengths = [tokens // count + (i < tokens % count) for i in range(count)]
+    batch = SchedulerOutput()
+    for i, length in enumerate(lengths):
+        seq = Sequence(f"profile-{i}", [0] * length, SamplingParams(max_tokens=1), i)
+        seq.block_ids = [0] * cdiv(length, config.block_size)
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(length)
+    return batch
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: LlamaForCausalLM) -> None:
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, max_model_len: int) -> None:
         self.config = config
         self.model = model
+        self.max_model_len = max_model_len
         self.device = torch.device(config.device)
-        self.num_blocks = config.num_gpu_blocks_override or int(
-            config.kv_cache_memory_gib * GIB // kv_bytes_per_block(model, config)
-        )
+        self.num_blocks = self._plan_blocks()
         self._allocate_kv_cache()
+
+    def _plan_blocks(self) -> int:
+        config, per_block = self.config, kv_bytes_per_block(self.model, self.config)
+        if config.num_gpu_blocks_override:
+            return config.num_gpu_blocks_override
+        if self.device.type != "cuda":
+            return blocks_from_budget(config.kv_cache_memory_gib * GIB, per_block)
+        return gpu_blocks(self.profile(), config.gpu_memory_utilization, per_block)
+
+    def profile(self) -> DeviceMemory:
+        """One forward pass of the largest step on a one-block cache, and the CUDA
+        memory it took at its peak (the weights included)."""
+        self.num_blocks = 1
+        self._allocate_kv_cache()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.execute(profile_batch(self.config, self.max_model_len))
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        other = total - free - torch.cuda.memory_reserved(self.device)
+        del self.kv_cache
+        torch.cuda.empty_cache()
+        return DeviceMemory(total=total, peak=peak, other=max(0, other))
 
     def _allocate_kv_cache(self) -> None:
         hf = self.model.config

@@ -235,19 +235,24 @@ def test_openai_stream_closed_early_cancels_the_job_in_the_worker(fleet) -> None
     assert f"cancelling {job_id}" in worker.log()
 
 
+def _hang_up_cancels(api: ApiProcess) -> list[str]:
+    """Job ids the API cancelled because their client hung up, from its JSON log."""
+    records = [json.loads(line) for line in api.log().splitlines() if line.startswith("{")]
+    return [r["job_id"] for r in records if r["message"].startswith("client hung up: cancelled")]
+
+
 def test_openai_request_abandoned_before_its_answer_cancels_the_job(fleet) -> None:
     api, worker, _, _ = fleet
-    hung_up = "client hung up: cancelled "
-    before = api.log().count(hung_up)
+    before = len(_hang_up_cancels(api))
     body = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 900,
             "ignore_eos": True}  # fmt: skip
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{api.url}/v1/chat/completions", json=body, headers=auth(ALICE), timeout=1.5)
     deadline = time.monotonic() + 30
-    while api.log().count(hung_up) == before:
+    while len(_hang_up_cancels(api)) == before:
         assert time.monotonic() < deadline, "the API did not notice the hang-up"
         time.sleep(0.2)
-    job_id = api.log().split(hung_up)[-1].split()[0]
+    job_id = _hang_up_cancels(api)[-1]
     with _client(api) as client:
         result = read_events(client, job_id).result
     assert result.status is JobStatus.CANCELLED and result.usage.completion_tokens < 900

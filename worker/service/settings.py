@@ -33,7 +33,10 @@ class WorkerSettings(FleetSettings):
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step")
     block_size: int = Field(16, ge=1, description="KV cache block size")
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks, fixed")
-    kv_cache_memory_gib: float = Field(1.0, gt=0, description="KV cache budget when not fixed")
+    kv_cache_memory_gib: float = Field(1.0, gt=0, description="CPU: KV cache budget (GiB)")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="CUDA: share of device memory for the engine, KV included"
+    )
     enable_prefix_caching: bool = Field(True, description="reuse cached prefix blocks")
     # Admission and backpressure.
     max_waiting: int = Field(64, ge=1, description="local waiting jobs before pausing intake")
@@ -81,5 +84,6 @@ class WorkerSettings(FleetSettings):
             block_size=self.block_size,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory_gib=self.kv_cache_memory_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
         )
