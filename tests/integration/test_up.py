@@ -149,3 +149,23 @@ def test_up_without_redis_server_says_so_and_leaves_nothing_running(chat_model, 
     assert up.returncode == 2
     assert "redis-server not found" in out
     assert not any(_running(pid) for pid in _descendants(up.pid))
+
+
+def test_up_with_a_model_that_will_not_load_says_why_and_stops_everything(tmp_path) -> None:
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama", "vocab_size": "many"}')
+    up = _up(
+        "--model", str(broken), "--port", str(free_port()),
+        "--metrics-port", str(free_port()), "--log-dir", str(tmp_path / "logs"),
+    )  # fmt: skip
+    children: set[int] = set()
+    deadline = time.monotonic() + 120
+    while up.poll() is None and time.monotonic() < deadline:
+        children |= _descendants(up.pid)
+        time.sleep(0.2)
+    out, _ = up.communicate(timeout=120)
+    assert up.returncode == 2, out
+    assert "a worker exited at start" in out and "worker-0.log" in out
+    assert len(children) >= 3  # the broker, Redis and the worker had started
+    assert [pid for pid in children if _running(pid)] == []
