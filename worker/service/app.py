@@ -373,7 +373,7 @@ class WorkerService:
         running = self.jobs.get(key_of(job))
         if running is not None:
             if not running.attached:  # our own job, redelivered after a rebalance
-                running.record, running.attached = record, True
+                running.record, running.attached, running.orphaned = record, True, False
                 self.metrics.redelivered.inc()
             else:  # a second record of a job that is running here
                 self._settled(record)
@@ -563,18 +563,22 @@ class WorkerService:
         self.committer.forget(revoked)
         self._detach(revoked)
 
-    def _detach(self, partitions: set[TopicPartition]) -> None:
+    def _detach(self, partitions: set[TopicPartition], records_lost: bool = False) -> None:
         for flight in self.jobs.values():
             if flight.record.partition in partitions:
                 flight.attached = False
+                flight.orphaned = flight.orphaned or records_lost
 
     def adopt(self, assigned: set[TopicPartition]) -> None:
         """Abort detached jobs whose partition went to another worker (it runs them now);
-        keep those whose partition came back (after a broker restart nobody else will)."""
+        keep those whose partition came back, and those whose record a broker lost
+        (nobody else will be given them)."""
         log.info("assigned %s", sorted(tp.partition for tp in assigned))
         self.joined = True
         gone = [
-            f for f in self.jobs.values() if not f.attached and f.record.partition not in assigned
+            f
+            for f in self.jobs.values()
+            if not f.attached and not f.orphaned and f.record.partition not in assigned
         ]
         self._abandon(gone)
 
@@ -589,7 +593,7 @@ class WorkerService:
         of the lost log."""
         lost = await self.committer.commit()
         if lost:
-            self._detach(set(lost))
+            self._detach(set(lost), records_lost=True)
             await self.consumer.seek_to_beginning(*lost)
             # A broker that lost its state lost our topics too: an in-memory broker
             # takes records for a missing topic and loses them when it is created.

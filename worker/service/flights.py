@@ -34,6 +34,9 @@ class InFlight:
     # False after a rebalance took the record's partition: the job runs on, its
     # offset no longer ours, until the partition is assigned elsewhere.
     attached: bool = True
+    # The record went with a broker that lost its state: nobody will be given it
+    # again, so the job runs here to its end whoever owns the partition now.
+    orphaned: bool = False
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
