@@ -29,6 +29,8 @@ from queue_schemas import JobResult, Names
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
+    from worker.service.settings import WorkerSettings
+
 FLEET_TIMEOUT_S = 600.0
 
 
@@ -59,14 +61,16 @@ class FleetRun:
     breakdown: Breakdown
 
 
-def worker_flags(dtype: str, max_num_seqs: int, max_num_batched_tokens: int) -> list[str]:
+def worker_flags(settings: "WorkerSettings") -> list[str]:
     """The worker's engine settings, the same as the offline engine's."""
-    return [
-        "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
-        "--max-num-batched-tokens", str(max_num_batched_tokens),
+    flags = [
+        "--device", settings.device, "--dtype", settings.dtype,
+        "--max-num-seqs", str(settings.max_num_seqs),
+        "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
         # The bench's whole workload is waiting at once in a burst.
         "--max-waiting", "256",
     ]  # fmt: skip
+    return flags + ["--enforce-eager"] * settings.enforce_eager
 
 
 async def _send(

@@ -27,18 +27,18 @@ class _FirstStepClock(LogitsProcessor):
         return scores
 
 
-def load_hf_model(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+def load_hf_model(folder: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
 
 def _generate(model: torch.nn.Module, batch: list[BenchRequest], pad_id: int) -> float:
     """Run one left-padded batch; return the perf_counter time of its first token."""
     width = max(len(r.prompt_token_ids) for r in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long, device=model.device)
     mask = torch.zeros_like(ids)
     for row, request in enumerate(batch):
         n = len(request.prompt_token_ids)
-        ids[row, width - n :] = torch.tensor(request.prompt_token_ids)
+        ids[row, width - n :] = torch.tensor(request.prompt_token_ids, device=model.device)
         mask[row, width - n :] = 1
     longest = max(r.output_len for r in batch)
     clock = _FirstStepClock()

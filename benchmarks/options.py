@@ -23,6 +23,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="the whole fleet (broker, Redis, one worker, the API) over HTTP "
         "against the offline engine on the same requests",
     )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="auto, cpu, cuda or cuda:N: the engine's and the transformers baselines' device",
+    )
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")
     parser.add_argument("--max-num-seqs", type=int, default=64)

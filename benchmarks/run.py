@@ -11,7 +11,6 @@ from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
 from benchmarks.engine_driver import run_engine
-from benchmarks.fleet import run_fleet, worker_flags
 from benchmarks.hf_baseline import load_hf_model, run_hf
 from benchmarks.metrics import RunSummary
 from benchmarks.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
@@ -19,7 +18,6 @@ from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.config import DTYPES
 from worker.engine import load_tokenizer
 from worker.model_fetch import resolve_model
-from worker.service.settings import WorkerSettings
 
 BASELINE_BATCH = {"single": 1, "static8": 8, "static20": 20}
 # Poisson arrivals at this fraction of the engine's burst throughput: near capacity.
@@ -55,7 +53,7 @@ def _table(title: str, rows: list[RunSummary]) -> Table:
     return table
 
 
-def _verdict(rows: list[RunSummary]) -> str:
+def verdict(rows: list[RunSummary]) -> str:
     engines = [r for r in rows if r.system.startswith("genfleet")]
     baselines = [r for r in rows if not r.system.startswith("genfleet")]
     if not engines or not baselines:
@@ -70,13 +68,13 @@ def _verdict(rows: list[RunSummary]) -> str:
     )
 
 
-def _warm(engine: LLMEngine) -> None:
+def warm(engine: LLMEngine) -> None:
     engine.add_request("warmup", [1] * 64, SamplingParams(max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
 
 
-def _poisson_rate(burst_tokens_per_s: float) -> float:
+def poisson_rate(burst_tokens_per_s: float) -> float:
     return CAPACITY_FRACTION * burst_tokens_per_s / statistics.fmean(OUTPUT_TOKENS)
 
 
@@ -98,14 +96,19 @@ def run_benchmark(args: argparse.Namespace) -> int:
         config = EngineConfig(
             model=str(folder),
             dtype=dtype,
-            device="cpu",  # where the transformers baselines run: like against like
+            device=args.device,  # the transformers baselines run there too: like against like
+            enforce_eager=args.enforce_eager,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             seed=args.seed,
         )
         engines[dtype] = LLMEngine(config)
-        _warm(engines[dtype])
-    hf_models = {dtype: load_hf_model(folder, DTYPES[dtype]) for dtype in dtypes if baselines}
+        warm(engines[dtype])
+    hf_models = {
+        dtype: load_hf_model(folder, DTYPES[dtype], engines[dtype].config.device)
+        for dtype in dtypes
+        if baselines
+    }
 
     rate = args.rate
     for workload in workloads:
@@ -125,10 +128,10 @@ def run_benchmark(args: argparse.Namespace) -> int:
         if workload == "poisson":
             title += f" at {rate:.2f} req/s"
         console.print(_table(title, rows))
-        console.print(_verdict(rows))
+        console.print(verdict(rows))
         if workload == "burst" and rate is None:
             best = max(r.output_tokens_per_s for r in rows if r.system.startswith("genfleet"))
-            rate = _poisson_rate(best)
+            rate = poisson_rate(best)
     return 0
 
 
@@ -140,18 +143,24 @@ def _fleet_benchmark(
     console: Console,
 ) -> int:
     """The offline engine on each workload, then the fleet on the same requests."""
+    # The fleet's modules (Kafka, the wire schemas) only where the fleet runs.
+    from benchmarks.fleet import run_fleet, worker_flags
+    from worker.service.settings import WorkerSettings
+
     dtypes = _split(args.dtypes or "bfloat16", DTYPES)
     if len(dtypes) != 1:
         raise ValueError("--fleet runs one dtype: pass --dtypes with one of them")
     dtype = dtypes[0]
     settings = WorkerSettings(
         model=str(folder),
+        device=args.device,
         dtype=dtype,
+        enforce_eager=args.enforce_eager,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
     engine = LLMEngine(settings.engine_config())  # exactly the worker's engine
-    _warm(engine)
+    warm(engine)
     rate = args.rate
     requests: dict[str, list[BenchRequest]] = {}
     offline: dict[str, RunSummary] = {}
@@ -160,10 +169,10 @@ def _fleet_benchmark(
         console.print(f"[dim]{workload}: genfleet offline {dtype}[/dim]")
         offline[workload] = run_engine(engine, requests[workload], f"genfleet offline {dtype}")
         if workload == "burst" and rate is None:
-            rate = _poisson_rate(offline[workload].output_tokens_per_s)
+            rate = poisson_rate(offline[workload].output_tokens_per_s)
     del engine
     console.print(f"[dim]starting the fleet; then {', '.join(workloads)} over HTTP[/dim]")
-    flags = worker_flags(dtype, args.max_num_seqs, args.max_num_batched_tokens)
+    flags = worker_flags(settings)
     fleet = run_fleet(folder, flags, requests, args.model)
     for workload in workloads:
         alone, through = offline[workload], fleet[workload]

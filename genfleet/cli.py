@@ -21,7 +21,9 @@ def _model_fetch(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from worker import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device)
+    llm = LLM(
+        model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager
+    )
     tokenizer = llm.get_tokenizer()
     prompts = []
     for text in args.prompts:
@@ -98,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
     )
     generate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    generate.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
+    )
     generate.add_argument("--max-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)

@@ -59,6 +59,8 @@ class EngineConfig:
     # On CUDA: the share of the device's memory this engine may take, KV cache included.
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    # On CUDA decode steps replay captured graphs unless this is set (as in vLLM).
+    enforce_eager: bool = False
     enable_chunked_prefill: bool = True
     # Fraction of blocks kept free when admitting a new sequence, so running
     # sequences can still grow without an immediate preemption.
@@ -82,6 +84,10 @@ class EngineConfig:
             )
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return self.device.startswith("cuda") and not self.enforce_eager
 
     @property
     def torch_dtype(self) -> torch.dtype:

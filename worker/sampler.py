@@ -4,6 +4,11 @@ Every row is processed independently, so a seeded request draws the same
 tokens whatever else shares its batch. Sampling uses the exponential race
 (argmax of p / q with q ~ Exp(1)), which equals drawing from p and lets each
 seeded row take its noise from its own generator.
+
+On a GPU the step waits for the device once: the per-row options go over
+without blocking, the decisions about which filters to run are taken from the
+requests on the host, and the sampled ids (with their logprobs, when asked)
+come back in one copy.
 """
 
 from dataclasses import dataclass
@@ -20,8 +25,13 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
+def _to_device(values: list, device: torch.device) -> torch.Tensor:
+    """A host list as a device tensor, without waiting for the device."""
+    return torch.tensor(values).to(device, non_blocking=True)
+
+
 def _column(seqs: list[Sequence], attr: str, device: torch.device) -> torch.Tensor:
-    return torch.tensor([getattr(s.params, attr) for s in seqs], device=device)
+    return _to_device([getattr(s.params, attr) for s in seqs], device)
 
 
 def _token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -30,8 +40,8 @@ def _token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) 
     width = max((len(r) for r in rows), default=0)
     if width == 0:
         return counts
-    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)
-    present = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows], device=device)
+    ids = _to_device([r + [0] * (width - len(r)) for r in rows], device)
+    present = _to_device([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows], device)
     return counts.scatter_add_(1, ids, present)
 
 
@@ -51,9 +61,9 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Mask tokens outside top-k, top-p and min-p with -inf."""
     device = logits.device
-    top_k = _column(seqs, "top_k", device)
-    top_p = _column(seqs, "top_p", device).float()
-    if bool(((top_k > 0) | (top_p < 1)).any()):
+    if any(s.params.top_k > 0 or s.params.top_p < 1 for s in seqs):
+        top_k = _column(seqs, "top_k", device)
+        top_p = _column(seqs, "top_p", device).float()
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         rank = torch.arange(logits.shape[1], device=device)[None, :]
         k = torch.where(top_k > 0, top_k, logits.shape[1])[:, None]
@@ -62,8 +72,8 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
         cut |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
         logits = logits.scatter(1, order, sorted_logits.masked_fill(cut, float("-inf")))
-    min_p = _column(seqs, "min_p", device).float()
-    if bool((min_p > 0).any()):
+    if any(s.params.min_p > 0 for s in seqs):
+        min_p = _column(seqs, "min_p", device).float()
         probs = logits.softmax(dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < threshold, float("-inf"))
@@ -78,26 +88,31 @@ def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tenso
     return noise
 
 
-def _logprobs(
-    raw_logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor
-) -> list[dict[int, float] | None]:
+def _to_host(raw_logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor) -> SampleResult:
+    """The sampled ids and, where asked, logprobs of the model's raw distribution, in one
+    device-to-host copy (float64 holds the ids and the fp32 logprobs exactly)."""
     if all(s.params.logprobs is None for s in seqs):
-        return [None] * len(seqs)
+        return SampleResult(tokens.tolist(), [None] * len(seqs))
     logprobs = raw_logits.log_softmax(dim=-1)
     top_n = max(s.params.logprobs or 0 for s in seqs)
     top_values, top_ids = logprobs.topk(top_n, dim=-1)  # k=0: empty, nothing to pick
-    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+    chosen = logprobs.gather(1, tokens[:, None])
+    columns = (tokens[:, None], chosen, top_values, top_ids)
+    packed = torch.cat([c.double() for c in columns], dim=1).cpu()
+    token_ids = packed[:, 0].long().tolist()
+    chosen_values = packed[:, 1].tolist()
+    alternatives_values = packed[:, 2 : 2 + top_n].tolist()
+    alternatives_ids = packed[:, 2 + top_n :].long().tolist()
     result: list[dict[int, float] | None] = []
     for row, seq in enumerate(seqs):
         n = seq.params.logprobs
         if n is None:
             result.append(None)
             continue
-        entry = {int(tokens[row]): chosen[row]}
-        if n:
-            entry.update(zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True))
+        entry = {token_ids[row]: chosen_values[row]}
+        entry.update(zip(alternatives_ids[row][:n], alternatives_values[row][:n], strict=True))
         result.append(entry)
-    return result
+    return SampleResult(token_ids, result)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
@@ -105,12 +120,13 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
     raw_logits = logits
     if any(s.params.uses_penalties for s in seqs):
         logits = apply_penalties(logits, seqs)
-    greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
     tokens = logits.argmax(dim=-1)
-    if not bool(greedy.all()):
+    greedy_rows = [s.params.greedy for s in seqs]
+    if not all(greedy_rows):
+        greedy = _to_device(greedy_rows, logits.device)
         temperature = _column(seqs, "temperature", logits.device).float()
         temperature = torch.where(greedy, 1.0, temperature)
         probs = _filter(logits / temperature[:, None], seqs).softmax(dim=-1)
         sampled = (probs / _exponential_noise(probs, seqs)).argmax(dim=-1)
         tokens = torch.where(greedy, tokens, sampled)
-    return SampleResult(tokens.tolist(), _logprobs(raw_logits, seqs, tokens))
+    return _to_host(raw_logits, seqs, tokens)

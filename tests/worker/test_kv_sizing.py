@@ -20,6 +20,11 @@ def test_the_cache_gets_the_share_left_after_the_peak_and_other_holders() -> Non
     assert gpu_blocks(DeviceMemory(total=10 * GIB, peak=9 * GIB - 3 * MIB), 0.9, 2 * MIB) == 1
 
 
+def test_the_decode_graphs_memory_is_taken_from_the_cache() -> None:
+    memory = DeviceMemory(total=80 * GIB, peak=10 * GIB, other=1 * GIB, graphs=GIB // 2)
+    assert gpu_blocks(memory, 0.9, 2 * MIB) == 61 * 512 - 256
+
+
 def test_weights_beyond_the_share_are_a_clear_error() -> None:
     memory = DeviceMemory(total=16 * GIB, peak=15 * GIB)
     with pytest.raises(ValueError) as error:

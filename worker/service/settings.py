@@ -38,6 +38,7 @@ class WorkerSettings(FleetSettings):
         0.9, gt=0, le=1, description="CUDA: share of device memory for the engine, KV included"
     )
     enable_prefix_caching: bool = Field(True, description="reuse cached prefix blocks")
+    enforce_eager: bool = Field(False, description="CUDA: no graphs for decode steps")
     # Admission and backpressure.
     max_waiting: int = Field(64, ge=1, description="local waiting jobs before pausing intake")
     low_watermark: float = Field(0.05, ge=0, lt=1, description="pause below this free-block share")
@@ -86,4 +87,5 @@ class WorkerSettings(FleetSettings):
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
+            enforce_eager=self.enforce_eager,
         )
