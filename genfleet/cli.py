@@ -57,6 +57,13 @@ def _api(args: argparse.Namespace) -> int:
     return run_api(settings_from_args(args, ApiSettings))
 
 
+def _batch_runner(args: argparse.Namespace) -> int:
+    from producer_api.batch_runner import run_batch_runner
+    from producer_api.settings import ApiSettings
+
+    return run_batch_runner(settings_from_args(args, ApiSettings))
+
+
 def _submit(args: argparse.Namespace) -> int:
     from producer_api.client import submit
 
@@ -120,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_settings_arguments(api, ApiSettings)
     api.set_defaults(handler=_api)
+
+    runner = commands.add_parser(
+        "batch-runner", help="run the fleet's batches (/v1/batches): validate, submit, write"
+    )
+    add_settings_arguments(runner, ApiSettings)
+    runner.set_defaults(handler=_batch_runner)
 
     submit = commands.add_parser("submit", help="submit a job over HTTP; --stream prints tokens")
     submit.add_argument("prompt")

@@ -34,6 +34,7 @@ class LocalFleet:
         self.workers: dict[str, FleetProcess] = {}  # by worker id
         self._worker_args: dict[str, list[str]] = {}
         self.apis: list[ApiProcess] = []
+        self.batch_runners: list[FleetProcess] = []
 
     def start_worker(self, *extra: str) -> FleetProcess:
         worker_id = f"worker-{len(self.workers)}"
@@ -52,6 +53,16 @@ class LocalFleet:
         )
         self.workers[worker_id] = worker
         return worker
+
+    def start_batch_runner(self, *extra: str) -> FleetProcess:
+        args = [
+            "--kafka-bootstrap", self.kafka.address, "--redis-url", self.redis.address,
+            "--topic-prefix", self.prefix, *extra,
+        ]  # fmt: skip
+        log_path = self.log_dir / f"batch-runner-{len(self.batch_runners)}.log"
+        runner = FleetProcess("batch-runner", args, log_path, own_group=self.own_group)
+        self.batch_runners.append(runner)
+        return runner
 
     def start_api(self, *extra: str, port: int | None = None) -> ApiProcess:
         """An API (on a free loopback port unless given), returned once it answers."""
@@ -106,14 +117,14 @@ class LocalFleet:
         return Target(self.kafka.address, self.redis.address, self.prefix, faults=faults)
 
     def stop(self) -> None:
-        for process in [*self.apis, *self.workers.values()]:
+        for process in [*self.apis, *self.batch_runners, *self.workers.values()]:
             process.stop()
 
     def stop_gracefully(self, api_timeout_s: float, worker_timeout_s: float = 60.0) -> None:
-        """The APIs first (no new jobs), then the workers, together: each drains its
-        running jobs and commits. What does not stop in time is killed."""
-        for api in self.apis:
-            api.terminate(api_timeout_s)
+        """The APIs and batch runners first (no new jobs), then the workers, together:
+        each drains its running jobs and commits. What does not stop in time is killed."""
+        for process in [*self.apis, *self.batch_runners]:
+            process.terminate(api_timeout_s)
         for worker in self.workers.values():
             if worker.alive:
                 worker.process.send_signal(signal.SIGTERM)

@@ -104,6 +104,7 @@ def _print_welcome(api_url: str, worker_urls: list[str], model: str, log_dir: Pa
     console.print(f"[bold green]genfleet is serving[/] {model} with {len(worker_urls)} worker(s)")
     console.print(f"  API           {api_url}  (OpenAPI docs: {api_url}/docs)")
     console.print(f"  API metrics   {api_url}/metrics")
+    console.print(f"  batches       {api_url}/v1/files, {api_url}/v1/batches (OpenAI's Batch API)")
     for url in worker_urls:
         console.print(f"  worker        {url}/metrics  {url}/healthz  {url}/readyz")
     console.print(f"  logs          {log_dir}")
@@ -173,7 +174,9 @@ def run_up(args: argparse.Namespace) -> int:
     with local_fleet(model, log_dir, redis_data_dir=redis_dir, own_group=True) as fleet:
         for port in metrics_ports:
             fleet.start_worker("--metrics-host", "127.0.0.1", "--metrics-port", str(port))
-        api = fleet.start_api("--host", "127.0.0.1", "--model", served_name, port=args.port)
+        shared = ["--model", served_name, "--files-dir", str((args.data_dir or log_dir) / "files")]
+        fleet.start_batch_runner(*shared)
+        api = fleet.start_api("--host", "127.0.0.1", *shared, port=args.port)
         worker_urls = [f"http://127.0.0.1:{port}" for port in metrics_ports]
         try:
             _wait_until_ready(fleet, worker_urls, stop)

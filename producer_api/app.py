@@ -10,7 +10,13 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer_api import health_routes, jobs_routes, openai_routes
+from producer_api import (
+    batches_routes,
+    files_routes,
+    health_routes,
+    jobs_routes,
+    openai_routes,
+)
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import ApiError, install_error_handlers
 from producer_api.fleet import Fleet
@@ -20,6 +26,7 @@ from queue_schemas.logs import configure_logging
 
 log = logging.getLogger("genfleet.api")
 KEEP_ALIVE_S = 65
+UPLOAD_FRAMING_BYTES = 64 * 1024
 
 
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
@@ -56,10 +63,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app.add_exception_handler(RedisConnectionError, redis_down)
     app.add_exception_handler(RedisTimeoutError, redis_down)
-    for module in (jobs_routes, openai_routes, health_routes):
+    for module in (jobs_routes, openai_routes, files_routes, batches_routes, health_routes):
         app.include_router(module.router)
     # Outermost last: metrics see every response, the 413s of the body cap included.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        # An upload's multipart framing adds a few hundred bytes to the file's own cap.
+        larger={"/v1/files": settings.max_file_bytes + UPLOAD_FRAMING_BYTES},
+    )
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
 

@@ -12,20 +12,23 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    """413 for a body over the cap, whether it announces its length or streams in chunks."""
+    """413 for a body over the cap, whether it announces its length or streams in chunks;
+    ``larger`` gives paths (uploads) caps of their own."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None):
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_max_bytes = max_bytes
+        self.larger = larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.larger.get(scope["path"], self.default_max_bytes)
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length", b"0")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+        if declared.isdigit() and int(declared) > max_bytes:
+            await self._refuse(send, max_bytes)
             return
         received = 0
         started = too_large = False
@@ -35,7 +38,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     too_large = True
                     raise BodyTooLarge
             return message
@@ -52,11 +55,11 @@ class BodyLimitMiddleware:
         with contextlib.suppress(BodyTooLarge):
             await self.app(scope, counting_receive, tracking_send)
         if too_large and not started:
-            await self._refuse(send)
+            await self._refuse(send, max_bytes)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, max_bytes: int) -> None:
         response = ApiError(
-            413, f"request body larger than {self.max_bytes} bytes", code="body_too_large"
+            413, f"request body larger than {max_bytes} bytes", code="body_too_large"
         ).response()
         await send(
             {

@@ -10,7 +10,9 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from producer_api.auth import KeyRing, Tenant
 from producer_api.backlog import FleetBacklog
+from producer_api.batch_store import BatchStore
 from producer_api.fanout import LiveFanout
+from producer_api.file_store import FileStore, LocalFileStore
 from producer_api.job_store import JobStore
 from producer_api.kafka_submit import JobSubmitter
 from producer_api.limits import TenantLimits
@@ -46,6 +48,10 @@ class Fleet:
         self.limits = TenantLimits(self.redis, self.names)
         self.submitter = JobSubmitter(settings, self.names)
         self.backlog = FleetBacklog(settings, self.names, metrics)
+        self.batches = BatchStore(self.redis, self.names)
+        self.files: FileStore = LocalFileStore(
+            settings.files_dir, settings.max_file_bytes, settings.max_file_lines
+        )
         self._background: set[asyncio.Task] = set()
 
     async def start(self) -> None:

@@ -52,6 +52,29 @@ class Run:
         envelope = {"id": self.id, "object": object_name, "created": created(), "model": self.model}
         return {**envelope, **fields}
 
+    def whole(self, results: list[JobResult], events: list[list[TokenEvent]]) -> dict[str, Any]:
+        """The route's response body, from every job's result (in order) and events."""
+        choices = [self.shape.whole(i, result, events[i]) for i, result in enumerate(results)]
+        usage = usage_body(results, self.choices_per_prompt)
+        return self.body(self.shape.object, choices=choices, usage=usage)
+
+
+def build_run(body: GenerationRequest, run_id: str, model: str, tenant: Tenant) -> Run:
+    """A chat or completions request body as the fleet jobs that answer it."""
+    if isinstance(body, ChatCompletionRequest):
+        messages = [message.as_chat_message() for message in body.messages]
+        prompts: list[dict[str, Any]] = [{"messages": messages}]
+        shape: Shape = ChatShape(body.top_logprobs_wanted())
+    else:
+        assert isinstance(body, CompletionRequest)
+        prompts = [
+            {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+            for prompt in body.prompts()
+        ]
+        shape = TextShape(body.top_logprobs_wanted())
+    jobs = jobs_for(run_id, tenant, body, prompts)
+    return Run(id=run_id, model=model, shape=shape, jobs=jobs, choices_per_prompt=body.n)
+
 
 def _served_model(fleet: Fleet, requested: str | None) -> str:
     served = fleet.settings.model
@@ -110,9 +133,7 @@ async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Re
     for result in ordered:
         if result.status is JobStatus.FAILED:
             raise ApiError(400, result.error or "the job failed", code="job_failed")
-    choices = [run.shape.whole(i, result, events[i]) for i, result in enumerate(ordered)]
-    usage = usage_body(ordered, run.choices_per_prompt)
-    return JSONResponse(run.body(run.shape.object, choices=choices, usage=usage))
+    return JSONResponse(run.whole(ordered, events))
 
 
 async def _chunks(
@@ -184,15 +205,7 @@ async def list_models(fleet: FleetDep, _: TenantDep) -> dict[str, Any]:
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, fleet: FleetDep, tenant: TenantDep
 ) -> Response:
-    run_id = new_id("chatcmpl")
-    messages = [message.as_chat_message() for message in body.messages]
-    run = Run(
-        id=run_id,
-        model=_served_model(fleet, body.model),
-        shape=ChatShape(body.top_logprobs_wanted()),
-        jobs=jobs_for(run_id, tenant, body, [{"messages": messages}]),
-        choices_per_prompt=body.n,
-    )
+    run = build_run(body, new_id("chatcmpl"), _served_model(fleet, body.model), tenant)
     return await _respond(fleet, tenant, body, run, request)
 
 
@@ -200,16 +213,5 @@ async def chat_completions(
 async def completions(
     body: CompletionRequest, request: Request, fleet: FleetDep, tenant: TenantDep
 ) -> Response:
-    run_id = new_id("cmpl")
-    prompts = [
-        {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
-        for prompt in body.prompts()
-    ]
-    run = Run(
-        id=run_id,
-        model=_served_model(fleet, body.model),
-        shape=TextShape(body.top_logprobs_wanted()),
-        jobs=jobs_for(run_id, tenant, body, prompts),
-        choices_per_prompt=body.n,
-    )
+    run = build_run(body, new_id("cmpl"), _served_model(fleet, body.model), tenant)
     return await _respond(fleet, tenant, body, run, request)

@@ -21,6 +21,16 @@ class ApiSettings(FleetSettings):
     rate_limit_per_minute: int = Field(600, ge=1, description="new jobs per tenant per minute")
     max_outstanding_jobs: int = Field(256, ge=1, description="unfinished jobs per tenant")
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="largest request body")
+    # Files (batch inputs and outputs): a folder every API process and batch runner reach.
+    files_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "genfleet" / "files",
+        description="where uploaded and batch output files are kept",
+    )
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="largest uploaded file")
+    max_file_lines: int = Field(50_000, ge=1, description="most lines in an uploaded file")
+    batch_max_in_flight: int = Field(
+        256, ge=1, description="batch runner: a batch's lines submitted and not yet finished"
+    )
     # Fleet admission for the OpenAI routes (``backlog``); /v1/jobs always queues.
     max_queued_jobs: int | None = Field(
         None, ge=1, description="fleet backlog past which OpenAI routes answer 429 (off: none)"

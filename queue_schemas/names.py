@@ -28,6 +28,29 @@ class Names:
         return CONSUMER_GROUP if self.prefix == "genfleet." else f"{self.prefix}workers"
 
     @property
+    def batch_runner_group(self) -> str:
+        """Consumer group of the batch runners on the results topic."""
+        return f"{self.prefix}batch-runner"
+
+    @property
+    def active_batches_key(self) -> str:
+        """Set of ``tenant:batch_id`` of every batch not yet final: the runners' work list."""
+        return f"{self.prefix}batches:active"
+
+    def batch_key(self, tenant: str, batch_id: str) -> str:
+        """Hash of a batch: its object (written by the runner), the cancel request (by the
+        API) and the count of its lines submitted to the jobs topic."""
+        return f"{self.prefix}batch:{tenant}:{batch_id}"
+
+    def batch_results_key(self, tenant: str, batch_id: str) -> str:
+        """Hash of a batch's job results by job id, each recorded once."""
+        return f"{self.batch_key(tenant, batch_id)}:results"
+
+    def tenant_batches_key(self, tenant: str) -> str:
+        """Sorted set of the tenant's batches by creation, for listing."""
+        return f"{self.prefix}tenant:{tenant}:batches"
+
+    @property
     def control_channel(self) -> str:
         """Pub/sub channel every worker listens on (cancellations)."""
         return f"{self.prefix}control"

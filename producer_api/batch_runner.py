@@ -1,0 +1,355 @@
+"""``genfleet batch-runner``: takes the fleet's batches from ``validating`` to a final status.
+
+Once a second it walks the active batches (``BatchStore``):
+- ``validating``: reads the input file and checks every line as its route would
+  (``batch_schema.read_input``); an invalid file fails the batch with the lines'
+  errors and runs nothing;
+- ``in_progress``: submits the lines as fleet jobs (each line's jobs are the ones
+  its route would submit, ``build_run``), at most ``batch_max_in_flight`` lines
+  unfinished at a time, so interactive jobs queue behind a window of the batch
+  rather than behind all of it, and with ``BATCH_PRIORITY`` added to their
+  priority, so a worker's engine schedules interactive jobs first;
+- a cancel asked: ``cancelling``: stops submitting, cancels the lines' unfinished
+  jobs, waits for their results, then ``cancelled`` with what had finished;
+- past ``expires_at``: cancels what is unfinished, ``expired`` with what finished;
+- every line done: ``finalizing``, then the output and error files in input
+  order, and ``completed``.
+
+Meanwhile it reads the results topic in its own consumer group and records each
+batch job's result once in Redis, committing offsets only after. Everything it
+knows is in Redis and Kafka: a restarted runner (or API) loses nothing, and a
+result read twice counts once. Lines whose submission a crash interrupted are
+submitted again under the same job ids.
+"""
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+
+from producer_api.auth import Tenant
+from producer_api.batch_schema import (
+    MAX_ERRORS,
+    BatchErrors,
+    BatchObject,
+    BatchStatus,
+    BatchUsage,
+    read_input,
+)
+from producer_api.errors import ApiError
+from producer_api.fleet import Fleet
+from producer_api.job_store import EventCursor
+from producer_api.metrics import ApiMetrics
+from producer_api.openai_routes import Run, build_run
+from producer_api.settings import ApiSettings
+from queue_schemas import JobResult, JobStatus, TokenEvent
+from queue_schemas.logs import configure_logging
+from queue_schemas.topics import ensure_topics
+
+log = logging.getLogger("genfleet.batch")
+BATCH_PRIORITY = 1000  # added to each line's own: interactive jobs (0 by default) go first
+MAX_PRIORITY = 2**31 - 1
+TICK_S = 1.0
+SUBMIT_CHUNK = 64
+CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold the batch
+
+
+@dataclass
+class Line:
+    """One request of a batch, as the jobs its route would submit."""
+
+    custom_id: str
+    run: Run
+
+    @property
+    def job_ids(self) -> list[str]:
+        return self.run.job_ids
+
+
+class BatchRunner:
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self.fleet = Fleet(settings, ApiMetrics())
+        self.store = self.fleet.batches
+        self._lines: dict[str, list[Line]] = {}  # batch id -> its lines, parsed once
+        self._done: dict[str, dict[str, JobStatus]] = {}  # batch id -> job id -> status
+        self._cancelled_jobs: set[str] = set()  # batches whose jobs were cancelled here
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.fleet.start()
+        consumer = AIOKafkaConsumer(
+            self.names.results_topic,
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=self.names.batch_runner_group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            # A runner that died hands the results over to its successor this soon.
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+        )
+        try:
+            await self._start(consumer, stop)
+            reading = asyncio.create_task(self._read_results(consumer, stop))
+            while not stop.is_set():
+                try:
+                    await self._tick()
+                except (ConnectionError, OSError, KafkaError, ApiError) as error:
+                    log.warning("batch runner: %r; trying again", error)
+                with_timeout = asyncio.wait_for(stop.wait(), TICK_S)
+                await asyncio.gather(with_timeout, return_exceptions=True)
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+        finally:
+            await consumer.stop()
+            await self.fleet.stop()
+
+    async def _start(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await ensure_topics(
+                    self.settings.kafka_bootstrap, self.names, self.settings.jobs_partitions
+                )
+                await consumer.start()
+                log.info("batch runner reading %s", self.names.results_topic)
+                return
+            except (KafkaError, OSError) as error:
+                log.warning("batch runner: broker unavailable (%r); retrying", error)
+                await asyncio.sleep(1.0)
+
+    async def _read_results(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            fetched = await consumer.getmany(timeout_ms=500)
+            for records in fetched.values():
+                for record in records:
+                    await self._take_result(record.value)
+            if fetched:
+                await consumer.commit()
+
+    async def _take_result(self, value: bytes | None) -> None:
+        try:
+            result = JobResult.model_validate_json(value or b"")
+        except ValueError:
+            return  # not a result this runner can read; the workers dead-letter their own
+        batch_id = batch_of(result.job_id)
+        if batch_id is None:
+            return
+        new = await self.store.record_result(result.tenant, batch_id, result)
+        if new and batch_id in self._done:
+            self._done[batch_id][result.job_id] = result.status
+
+    async def _tick(self) -> None:
+        for tenant, batch_id in await self.store.active():
+            loaded = await self.store.load(tenant, batch_id)
+            if loaded is not None:
+                await self._advance(*loaded)
+
+    async def _advance(self, batch: BatchObject, cancel_asked: bool, submitted: int) -> None:
+        now = int(time.time())
+        if batch.status == "validating":
+            if cancel_asked:
+                await self._final(batch, "cancelled", [])
+                return
+            if not await self._validate(batch):
+                return
+        lines = await self._lines_of(batch)
+        done = await self._finished_jobs(batch)
+        lines_done = sum(all(job_id in done for job_id in line.job_ids) for line in lines)
+        if batch.status == "in_progress" and cancel_asked:
+            batch.status, batch.cancelling_at = "cancelling", now
+            await self.store.save(batch)
+        started = lines[:submitted]
+        if batch.status == "in_progress" and batch.expires_at and now >= batch.expires_at:
+            await self._cancel_jobs(batch, started, done)
+            await self._final(batch, "expired", started)
+        elif batch.status == "cancelling":
+            await self._cancel_jobs(batch, started, done)
+            settled = all(job_id in done for line in started for job_id in line.job_ids)
+            if settled or now - (batch.cancelling_at or now) > CANCEL_WAIT_S:
+                await self._final(batch, "cancelled", started)
+        elif lines_done == len(lines):
+            await self._final(batch, "completed", lines)
+        else:
+            await self._submit(batch, lines, submitted, lines_done)
+            self._count(batch, lines, done)
+            await self.store.save(batch)
+
+    async def _validate(self, batch: BatchObject) -> bool:
+        """Parse the input; an invalid one fails the batch. True: the batch is running."""
+        content = b"".join([chunk async for chunk in self._file(batch)])
+        requests, errors = read_input(content, batch.endpoint, self.settings.model)
+        now = int(time.time())
+        if errors:
+            batch.errors = BatchErrors(data=errors[:MAX_ERRORS])
+            batch.status, batch.failed_at = "failed", now
+            await self.store.save(batch)
+            log.info("batch %s failed validation: %d invalid lines", batch.id, len(errors))
+            return False
+        batch.status, batch.in_progress_at = "in_progress", now
+        batch.request_counts.total = len(requests)
+        await self.store.save(batch)
+        log.info("batch %s: %d requests", batch.id, len(requests))
+        return True
+
+    def _file(self, batch: BatchObject):
+        return self.fleet.files.content(batch.tenant, batch.input_file_id)
+
+    async def _lines_of(self, batch: BatchObject) -> list[Line]:
+        """Each line as the jobs its route would submit (read again after a restart)."""
+        if batch.id not in self._lines:
+            content = b"".join([chunk async for chunk in self._file(batch)])
+            requests, _ = read_input(content, batch.endpoint, self.settings.model)
+            tenant = Tenant(tenant=batch.tenant)
+            lines = []
+            for request in requests:
+                priority = min(request.body.priority + BATCH_PRIORITY, MAX_PRIORITY)
+                body = request.body.model_copy(update={"priority": priority})
+                run = build_run(body, f"{batch.id}-{request.line}", self.settings.model, tenant)
+                lines.append(Line(request.custom_id, run))
+            self._lines[batch.id] = lines
+        return self._lines[batch.id]
+
+    async def _finished_jobs(self, batch: BatchObject) -> dict[str, JobStatus]:
+        if batch.id not in self._done:
+            # In place before the read: a result taken meanwhile lands here, not nowhere.
+            done = self._done[batch.id] = {}
+            results = await self.store.results(batch)
+            done.update({job_id: r.status for job_id, r in results.items()})
+        return self._done[batch.id]
+
+    async def _submit(
+        self, batch: BatchObject, lines: list[Line], submitted: int, lines_done: int
+    ) -> None:
+        window = self.settings.batch_max_in_flight
+        while submitted < len(lines) and submitted - lines_done < window:
+            chunk = lines[submitted : submitted + min(SUBMIT_CHUNK, window)]
+            jobs = [job for line in chunk for job in line.run.jobs]
+            await self.fleet.store.record_queued(jobs)
+            await self.fleet.submitter.submit(jobs)
+            submitted += len(chunk)
+            await self.store.submitted(batch, submitted)
+
+    async def _cancel_jobs(
+        self, batch: BatchObject, lines: list[Line], done: dict[str, JobStatus]
+    ) -> None:
+        if batch.id in self._cancelled_jobs:
+            return
+        tenant = Tenant(tenant=batch.tenant)
+        for job_id in [job_id for line in lines for job_id in line.job_ids if job_id not in done]:
+            with contextlib.suppress(ApiError):  # finished meanwhile, or never recorded
+                await self.fleet.cancel(tenant, job_id)
+        self._cancelled_jobs.add(batch.id)
+
+    def _count(self, batch: BatchObject, lines: list[Line], done: dict[str, JobStatus]) -> None:
+        completed = failed = 0
+        for line in lines:
+            statuses = [done.get(job_id) for job_id in line.job_ids]
+            if JobStatus.FAILED in statuses:
+                failed += 1
+            elif all(status is JobStatus.COMPLETED for status in statuses):
+                completed += 1
+        batch.request_counts.completed, batch.request_counts.failed = completed, failed
+
+    async def _final(self, batch: BatchObject, status: BatchStatus, lines: list[Line]) -> None:
+        """Write the output and error files of the lines that finished, then the status."""
+        now = int(time.time())
+        batch.status, batch.finalizing_at = "finalizing", now
+        await self.store.save(batch)
+        results = await self.store.results(batch)
+        output, errors = io.BytesIO(), io.BytesIO()
+        usage = BatchUsage()
+        completed = failed = 0
+        for line in lines:
+            written = await self._output_line(line, [results.get(i) for i in line.job_ids])
+            if written is None:
+                continue
+            is_error, entry, line_usage = written
+            target = errors if is_error else output
+            target.write(json.dumps(entry).encode() + b"\n")
+            if is_error:
+                failed += 1
+            else:
+                completed += 1
+                usage.input_tokens += line_usage["prompt_tokens"]
+                usage.input_tokens_details.cached_tokens += line_usage["prompt_tokens_details"][
+                    "cached_tokens"
+                ]
+                usage.output_tokens += line_usage["completion_tokens"]
+        usage.total_tokens = usage.input_tokens + usage.output_tokens
+        batch.output_file_id = await self._save(batch, output, "output")
+        batch.error_file_id = await self._save(batch, errors, "error")
+        batch.request_counts.completed, batch.request_counts.failed = completed, failed
+        batch.usage = usage
+        batch.status = status
+        setattr(batch, f"{status}_at", int(time.time()))
+        await self.store.save(batch)
+        self._forget(batch.id)
+        log.info("batch %s %s: %d completed, %d failed", batch.id, status, completed, failed)
+
+    async def _output_line(
+        self, line: Line, results: list[JobResult | None]
+    ) -> tuple[bool, dict[str, Any], dict[str, Any]] | None:
+        """(is an error, the file's line, usage) of a finished line; None if unfinished."""
+        if any(r is None or r.status is JobStatus.CANCELLED for r in results):
+            return None
+        run = line.run
+        finished = [r for r in results if r is not None]
+        entry: dict[str, Any] = {"id": f"batch_req_{run.id}", "custom_id": line.custom_id}
+        failure = next((r for r in finished if r.status is JobStatus.FAILED), None)
+        if failure is not None:
+            error = {"code": "job_failed", "message": failure.error or "the job failed"}
+            return True, {**entry, "response": None, "error": error}, {}
+        events = [await self._token_events(run, r) for r in finished]
+        body = run.whole(finished, events)
+        response = {"status_code": 200, "request_id": run.id, "body": body}
+        return False, {**entry, "response": response, "error": None}, body["usage"]
+
+    async def _token_events(self, run: Run, result: JobResult) -> list[TokenEvent]:
+        """A job's token events, where the line asked for logprobs (the only use of them)."""
+        if getattr(run.shape, "top", None) is None:
+            return []
+        history = await self.fleet.store.history(result.tenant, result.job_id, EventCursor())
+        return [event for event in history if isinstance(event, TokenEvent)]
+
+    async def _save(self, batch: BatchObject, content: io.BytesIO, kind: str) -> str | None:
+        if not content.tell():
+            return None
+        content.seek(0)
+        name = f"{batch.id}_{kind}.jsonl"
+        saved = await self.fleet.files.save(batch.tenant, content, name, "batch_output")
+        return saved.id
+
+    def _forget(self, batch_id: str) -> None:
+        self._lines.pop(batch_id, None)
+        self._done.pop(batch_id, None)
+        self._cancelled_jobs.discard(batch_id)
+
+
+def batch_of(job_id: str) -> str | None:
+    """The batch a job belongs to: its ids are ``{batch id}-{line}-{choice}``."""
+    if not job_id.startswith("batch_"):
+        return None
+    parts = job_id.rsplit("-", 2)
+    return parts[0] if len(parts) == 3 else None
+
+
+def run_batch_runner(settings: ApiSettings) -> int:
+    configure_logging(settings.log_format)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await BatchRunner(settings).run(stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,180 @@
+"""OpenAI's Batch API through the official client, unchanged: a real API, batch runner,
+worker, broker and Redis."""
+
+import json
+import time
+
+import pytest
+from openai import OpenAI
+
+from genfleet.processes import FleetProcess
+
+
+@pytest.fixture
+def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
+    """(client, start_runner, restart_api): an API and a worker; runners started by the
+    test; restart_api kills the API and starts another, whose client it returns."""
+    kafka, redis = services
+    files = tmp_path / "files"
+    common = [
+        "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
+        "--topic-prefix", prefix, "--jobs-partitions", "4", "--files-dir", str(files),
+        "--model", "tiny-chat",
+    ]  # fmt: skip
+    start_worker()
+    api = start_api("--files-dir", str(files), "--model", "tiny-chat")
+    runners: list[FleetProcess] = []
+
+    def start_runner(*extra: str) -> FleetProcess:
+        log = tmp_path / f"runner-{len(runners)}.log"
+        runner = FleetProcess("batch-runner", [*common, *extra], log)
+        runners.append(runner)
+        return runner
+
+    def restart_api() -> OpenAI:
+        nonlocal api
+        api.kill()
+        api = start_api("--files-dir", str(files), "--model", "tiny-chat")
+        return _client(api)
+
+    yield _client(api), start_runner, restart_api
+    for runner in runners:
+        runner.stop()
+
+
+def _client(api) -> OpenAI:
+    return OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _chat_line(i: int, **body) -> dict:
+    messages = [{"role": "user", "content": f"Question number {i}?"}]
+    return {
+        "custom_id": f"q-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny-chat", "messages": messages, "max_tokens": 4 + i % 5,
+                 "temperature": 0, **body},
+    }  # fmt: skip
+
+
+def _upload(client: OpenAI, lines: list[dict]) -> str:
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return client.files.create(file=("input.jsonl", content), purpose="batch").id
+
+
+def _wait(client: OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        time.sleep(0.5)
+    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s} s")
+
+
+def _jsonl(client: OpenAI, file_id: str) -> list[dict]:
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_100_line_batch_answers_every_line_once(batch_fleet) -> None:
+    client, start_runner, _ = batch_fleet
+    start_runner()
+    lines = [_chat_line(i) for i in range(100)]
+    batch = client.batches.create(
+        input_file_id=_upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"team": "etl"},
+    )
+    assert batch.status == "validating" and batch.metadata == {"team": "etl"}
+    done = _wait(client, batch.id, {"completed", "failed"})
+    assert done.status == "completed", done
+    assert done.request_counts.model_dump() == {"total": 100, "completed": 100, "failed": 0}
+    assert done.error_file_id is None and done.output_file_id is not None
+    assert done.in_progress_at and done.finalizing_at and done.completed_at
+    output = _jsonl(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(100)]
+    for i, line in enumerate(output):
+        response = line["response"]
+        assert response["status_code"] == 200 and line["error"] is None
+        body = response["body"]
+        assert body["object"] == "chat.completion" and body["model"] == "tiny-chat"
+        assert body["choices"][0]["message"]["role"] == "assistant"
+        assert body["usage"]["completion_tokens"] <= 4 + i % 5
+    assert done.usage.output_tokens == sum(o["response"]["body"]["usage"]["completion_tokens"]
+                                           for o in output)  # fmt: skip
+    assert [b.id for b in client.batches.list()] == [batch.id]
+
+
+def test_invalid_lines_fail_the_batch_with_their_line_numbers(batch_fleet) -> None:
+    client, start_runner, _ = batch_fleet
+    start_runner()
+    lines: list = [_chat_line(i) for i in range(10)]
+    lines[1] = "not json"
+    lines[3] = {**_chat_line(3), "url": "/v1/completions"}  # not the batch's endpoint
+    lines[5] = _chat_line(5, temperature=7)  # the route refuses it
+    lines[6] = {**_chat_line(6), "custom_id": "q-0"}  # a repeated custom_id
+    lines[8] = _chat_line(8, max_tokens=-1)
+    texts = [line if isinstance(line, str) else json.dumps(line) for line in lines]
+    content = "".join(text + "\n" for text in texts)
+    file_id = client.files.create(file=("bad.jsonl", content.encode()), purpose="batch").id
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    failed = _wait(client, batch.id, {"failed", "completed"})
+    assert failed.status == "failed" and failed.failed_at
+    errors = {(e.line, e.code, e.param) for e in failed.errors.data}
+    assert errors == {
+        (2, "invalid_json", None),
+        (4, "mismatched_url", "url"),
+        (6, "invalid_request", "body.temperature"),
+        (7, "duplicate_custom_id", "custom_id"),
+        (9, "invalid_request", "body.max_tokens"),
+    }
+    assert failed.output_file_id is None  # no line ran
+
+
+def test_a_cancelled_batch_ends_with_its_finished_lines(batch_fleet) -> None:
+    client, start_runner, _ = batch_fleet
+    start_runner("--batch-max-in-flight", "4")
+    lines = [_chat_line(i, max_tokens=200, ignore_eos=True) for i in range(40)]
+    batch = client.batches.create(
+        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )  # fmt: skip
+    running = _wait(client, batch.id, {"in_progress"})
+    assert running.request_counts.total == 40
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    cancelled = _wait(client, batch.id, {"cancelled"}, timeout_s=90)
+    finished = cancelled.request_counts.completed
+    assert finished < 40
+    if finished:
+        output = _jsonl(client, cancelled.output_file_id)
+        assert len(output) == finished
+        assert len({line["custom_id"] for line in output}) == finished
+
+
+def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) -> None:
+    client, start_runner, restart_api = batch_fleet
+    runner = start_runner("--batch-max-in-flight", "16")
+    lines = [_chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
+    batch = client.batches.create(
+        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while client.batches.retrieve(batch.id).request_counts.completed < 20:
+        assert time.monotonic() < deadline, "the batch did not get going"
+        time.sleep(0.2)
+    runner.kill()  # kill -9, mid-batch: lines submitted, results unread
+    client = restart_api()
+    assert client.batches.retrieve(batch.id).status == "in_progress"
+    time.sleep(2)  # results land on the topic while no runner reads them
+    start_runner("--batch-max-in-flight", "16")
+    done = _wait(client, batch.id, {"completed", "failed"})
+    assert done.status == "completed"
+    assert done.request_counts.model_dump() == {"total": 100, "completed": 100, "failed": 0}
+    output = _jsonl(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(100)]
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] == 16 for line in output)
