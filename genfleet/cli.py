@@ -7,6 +7,7 @@ subcommands never pull in torch.
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from genfleet.settings_flags import add_settings_arguments, settings_from_args
 
@@ -69,6 +70,25 @@ def _submit(args: argparse.Namespace) -> int:
 
     return submit(
         args.url, args.api_key, args.prompt, args.max_tokens, args.temperature, args.stream
+    )
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from producer_api import batch_client
+
+    if args.batch_command == "run":
+        return batch_client.run_batch(args.url, args.api_key, args.input, args.output, args.poll_s)
+    if args.batch_command == "status":
+        return batch_client.batch_status(args.url, args.api_key, args.batch_id)
+    return batch_client.cancel_batch(args.url, args.api_key, args.batch_id)
+
+
+def _add_api_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the API's base URL")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("GENFLEET_API_KEY"),
+        help="bearer key (env GENFLEET_API_KEY)",
     )
 
 
@@ -136,16 +156,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     submit = commands.add_parser("submit", help="submit a job over HTTP; --stream prints tokens")
     submit.add_argument("prompt")
-    submit.add_argument("--url", default="http://127.0.0.1:8000", help="the API's base URL")
-    submit.add_argument(
-        "--api-key",
-        default=os.environ.get("GENFLEET_API_KEY"),
-        help="bearer key (env GENFLEET_API_KEY)",
-    )
+    _add_api_client_arguments(submit)
     submit.add_argument("--max-tokens", type=int, default=128)
     submit.add_argument("--temperature", type=float, default=0.0)
     submit.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     submit.set_defaults(handler=_submit)
+
+    batch = commands.add_parser("batch", help="a JSONL file through the fleet's Batch API")
+    batch_commands = batch.add_subparsers(dest="batch_command", required=True)
+    run = batch_commands.add_parser(
+        "run", help="upload, create, follow, download in input order; rerun: reattach"
+    )
+    run.add_argument("input", type=Path, help="JSONL of {custom_id, method, url, body}")
+    run.add_argument("-o", "--output", type=Path, required=True, help="results, in input order")
+    run.add_argument("--poll-s", type=float, default=1.0, help="how often to ask for progress")
+    for name, help_text in (("status", "print a batch"), ("cancel", "cancel a batch")):
+        command = batch_commands.add_parser(name, help=help_text)
+        command.add_argument("batch_id")
+        _add_api_client_arguments(command)
+    _add_api_client_arguments(run)
+    batch.set_defaults(handler=_batch)
 
     bench = commands.add_parser("bench", help="engine vs Hugging Face transformers, same run")
     from benchmarks.options import add_bench_arguments

@@ -5,10 +5,12 @@ Once a second it walks the active batches (``BatchStore``):
   (``batch_schema.read_input``); an invalid file fails the batch with the lines'
   errors and runs nothing;
 - ``in_progress``: submits the lines as fleet jobs (each line's jobs are the ones
-  its route would submit, ``build_run``), at most ``batch_max_in_flight`` lines
-  unfinished at a time, so interactive jobs queue behind a window of the batch
-  rather than behind all of it, and with ``BATCH_PRIORITY`` added to their
-  priority, so a worker's engine schedules interactive jobs first;
+  its route would submit, ``build_run``) to the batch lane, a topic of its own
+  that workers stop reading before the interactive one when their KV cache runs
+  short; at most ``batch_max_in_flight`` lines unfinished at a time (the lane's
+  backlog stays a window, visible as lag, not the whole batch), with
+  ``BATCH_PRIORITY`` added to their priority, so a worker's engine schedules
+  interactive jobs first;
 - a cancel asked: ``cancelling``: stops submitting, cancels the lines' unfinished
   jobs, waits for their results, then ``cancelled`` with what had finished;
 - past ``expires_at``: cancels what is unfinished, ``expired`` with what finished;
@@ -48,6 +50,7 @@ from producer_api.errors import ApiError
 from producer_api.fleet import Fleet
 from producer_api.job_store import EventCursor
 from producer_api.metrics import ApiMetrics
+from producer_api.openai_format import usage_body
 from producer_api.openai_routes import Run, build_run
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult, JobStatus, TokenEvent
@@ -81,7 +84,8 @@ class BatchRunner:
         self.fleet = Fleet(settings, ApiMetrics())
         self.store = self.fleet.batches
         self._lines: dict[str, list[Line]] = {}  # batch id -> its lines, parsed once
-        self._done: dict[str, dict[str, JobStatus]] = {}  # batch id -> job id -> status
+        # batch id -> job id -> its result (without its text: counts and usage only)
+        self._done: dict[str, dict[str, JobResult]] = {}
         self._cancelled_jobs: set[str] = set()  # batches whose jobs were cancelled here
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -144,7 +148,7 @@ class BatchRunner:
             return
         new = await self.store.record_result(result.tenant, batch_id, result)
         if new and batch_id in self._done:
-            self._done[batch_id][result.job_id] = result.status
+            self._done[batch_id][result.job_id] = _slim(result)
 
     async def _tick(self) -> None:
         for tenant, batch_id in await self.store.active():
@@ -217,12 +221,12 @@ class BatchRunner:
             self._lines[batch.id] = lines
         return self._lines[batch.id]
 
-    async def _finished_jobs(self, batch: BatchObject) -> dict[str, JobStatus]:
+    async def _finished_jobs(self, batch: BatchObject) -> dict[str, JobResult]:
         if batch.id not in self._done:
             # In place before the read: a result taken meanwhile lands here, not nowhere.
             done = self._done[batch.id] = {}
             results = await self.store.results(batch)
-            done.update({job_id: r.status for job_id, r in results.items()})
+            done.update({job_id: _slim(r) for job_id, r in results.items()})
         return self._done[batch.id]
 
     async def _submit(
@@ -233,12 +237,12 @@ class BatchRunner:
             chunk = lines[submitted : submitted + min(SUBMIT_CHUNK, window)]
             jobs = [job for line in chunk for job in line.run.jobs]
             await self.fleet.store.record_queued(jobs)
-            await self.fleet.submitter.submit(jobs)
+            await self.fleet.submitter.submit(jobs, self.names.batch_jobs_topic)
             submitted += len(chunk)
             await self.store.submitted(batch, submitted)
 
     async def _cancel_jobs(
-        self, batch: BatchObject, lines: list[Line], done: dict[str, JobStatus]
+        self, batch: BatchObject, lines: list[Line], done: dict[str, JobResult]
     ) -> None:
         if batch.id in self._cancelled_jobs:
             return
@@ -248,15 +252,21 @@ class BatchRunner:
                 await self.fleet.cancel(tenant, job_id)
         self._cancelled_jobs.add(batch.id)
 
-    def _count(self, batch: BatchObject, lines: list[Line], done: dict[str, JobStatus]) -> None:
+    def _count(self, batch: BatchObject, lines: list[Line], done: dict[str, JobResult]) -> None:
+        """Progress so far: lines completed and failed, the completed ones' usage."""
         completed = failed = 0
+        usage = BatchUsage()
         for line in lines:
-            statuses = [done.get(job_id) for job_id in line.job_ids]
+            results = [done.get(job_id) for job_id in line.job_ids]
+            statuses = [None if r is None else r.status for r in results]
             if JobStatus.FAILED in statuses:
                 failed += 1
             elif all(status is JobStatus.COMPLETED for status in statuses):
                 completed += 1
+                finished = [r for r in results if r is not None]
+                add_usage(usage, usage_body(finished, line.run.choices_per_prompt))
         batch.request_counts.completed, batch.request_counts.failed = completed, failed
+        batch.usage = usage
 
     async def _final(self, batch: BatchObject, status: BatchStatus, lines: list[Line]) -> None:
         """Write the output and error files of the lines that finished, then the status."""
@@ -278,12 +288,7 @@ class BatchRunner:
                 failed += 1
             else:
                 completed += 1
-                usage.input_tokens += line_usage["prompt_tokens"]
-                usage.input_tokens_details.cached_tokens += line_usage["prompt_tokens_details"][
-                    "cached_tokens"
-                ]
-                usage.output_tokens += line_usage["completion_tokens"]
-        usage.total_tokens = usage.input_tokens + usage.output_tokens
+                add_usage(usage, line_usage)
         batch.output_file_id = await self._save(batch, output, "output")
         batch.error_file_id = await self._save(batch, errors, "error")
         batch.request_counts.completed, batch.request_counts.failed = completed, failed
@@ -331,6 +336,18 @@ class BatchRunner:
         self._lines.pop(batch_id, None)
         self._done.pop(batch_id, None)
         self._cancelled_jobs.discard(batch_id)
+
+
+def _slim(result: JobResult) -> JobResult:
+    return result.model_copy(update={"text": "", "token_ids": []})
+
+
+def add_usage(total: BatchUsage, line: dict[str, Any]) -> None:
+    """Add one line's ``usage`` (the route's shape) to the batch's."""
+    total.input_tokens += line["prompt_tokens"]
+    total.input_tokens_details.cached_tokens += line["prompt_tokens_details"]["cached_tokens"]
+    total.output_tokens += line["completion_tokens"]
+    total.total_tokens = total.input_tokens + total.output_tokens
 
 
 def batch_of(job_id: str) -> str | None:

@@ -4,25 +4,17 @@ its output and error files."""
 
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
 
 from producer_api.batch_schema import BatchCreate, BatchObject
+from producer_api.cursor_page import CursorPage
 from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 WINDOW_S = 24 * 3600  # the one completion window OpenAI offers
-
-
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[BatchObject]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
 
 
 def new_batch_id() -> str:
@@ -73,16 +65,11 @@ async def list_batches(
     tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
-) -> BatchList:
+) -> CursorPage[BatchObject]:
     ids, has_more = await fleet.batches.page(tenant.tenant, limit, after)
     found = [await fleet.batches.get(tenant.tenant, batch_id) for batch_id in ids]
     data = [batch for batch in found if batch is not None]
-    return BatchList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=has_more,
-    )
+    return CursorPage[BatchObject].of(data, has_more)
 
 
 @router.post("/{batch_id}/cancel")

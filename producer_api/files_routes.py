@@ -6,19 +6,12 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from producer_api.cursor_page import CursorPage
 from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
 from producer_api.file_store import FileObject, FileTooLarge, TooManyLines
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-
-
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
 
 
 class FileDeleted(BaseModel):
@@ -56,7 +49,7 @@ async def list_files(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
-) -> FileList:
+) -> CursorPage[FileObject]:
     files = await fleet.files.files_of(tenant.tenant)
     if order == "asc":
         files.reverse()
@@ -65,13 +58,7 @@ async def list_files(
     if after is not None:
         ids = [item.id for item in files]
         files = files[ids.index(after) + 1 :] if after in ids else []
-    page = files[:limit]
-    return FileList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(files) > limit,
-    )
+    return CursorPage[FileObject].of(files[:limit], has_more=len(files) > limit)
 
 
 @router.get("/{file_id}")

@@ -64,20 +64,25 @@ class JobSubmitter:
     def _unavailable(self, error: Exception) -> KafkaUnavailable:
         return KafkaUnavailable(type(error).__name__, self.settings.retry_after_s)
 
-    async def submit(self, jobs: list[JobRequest]) -> None:
-        """Every job acknowledged by the broker, or KafkaUnavailable."""
+    async def submit(self, jobs: list[JobRequest], topic: str | None = None) -> None:
+        """Every job acknowledged by the broker (on the jobs topic unless another lane is
+        named), or KafkaUnavailable."""
         producer = await self._started()
         try:
-            await asyncio.wait_for(self._send_all(producer, jobs), self.timeout_s)
+            await asyncio.wait_for(
+                self._send_all(producer, jobs, topic or self.names.jobs_topic), self.timeout_s
+            )
         except (KafkaError, TimeoutError) as error:
             log.warning("kafka send failed: %r; restarting the producer", error)
             await self._reset()
             raise self._unavailable(error) from error
 
-    async def _send_all(self, producer: AIOKafkaProducer, jobs: list[JobRequest]) -> None:
+    async def _send_all(
+        self, producer: AIOKafkaProducer, jobs: list[JobRequest], topic: str
+    ) -> None:
         sends = [
             await producer.send(
-                self.names.jobs_topic,
+                topic,
                 job.model_dump_json(exclude_none=True).encode(),
                 key=job.job_id.encode(),
             )

@@ -16,6 +16,17 @@ class Names:
         return f"{self.prefix}jobs"
 
     @property
+    def batch_jobs_topic(self) -> str:
+        """The batch lane: jobs of batches (``/v1/batches``), which workers read behind the
+        jobs topic's and stop reading first when their KV cache runs short."""
+        return f"{self.prefix}jobs.batch"
+
+    @property
+    def lanes(self) -> tuple[str, str]:
+        """The topics workers read jobs from, the interactive one first."""
+        return (self.jobs_topic, self.batch_jobs_topic)
+
+    @property
     def results_topic(self) -> str:
         return f"{self.prefix}results"
 

@@ -9,16 +9,17 @@ from queue_schemas.names import Names
 
 
 async def ensure_topics(bootstrap: str, names: Names, jobs_partitions: int) -> None:
-    """Create the jobs, results and dead-letter topics that do not exist yet.
+    """Create the job lanes, results and dead-letter topics that do not exist yet.
 
-    The jobs topic gets several partitions per expected worker: a partition is
+    The job lanes get several partitions per expected worker: a partition is
     read by one worker of the group at a time.
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        wanted = {names.jobs_topic: jobs_partitions, names.results_topic: 1}
+        wanted = {lane: jobs_partitions for lane in names.lanes}
+        wanted[names.results_topic] = 1
         wanted[names.dead_letter_topic] = 1
         missing = [
             NewTopic(name, num_partitions=count, replication_factor=1)

@@ -68,7 +68,12 @@ def test_every_yaml_and_json_file_parses() -> None:
 
 def test_every_variable_set_is_a_setting_of_what_reads_it() -> None:
     services = _compose()
-    reads = {"api": API_ENV, "worker": WORKER_ENV, "worker-gpu": WORKER_ENV}
+    reads = {
+        "api": API_ENV,
+        "batch-runner": API_ENV,
+        "worker": WORKER_ENV,
+        "worker-gpu": WORKER_ENV,
+    }
     for name, known in reads.items():
         unknown = set(services[name]["environment"]) - known
         assert not unknown, f"compose {name}: {unknown}"
@@ -170,17 +175,18 @@ def test_workers_get_longer_to_stop_than_they_drain() -> None:
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain_here
 
 
-def test_keda_scales_the_workers_group_on_the_jobs_topic() -> None:
+def test_keda_scales_the_workers_group_on_both_lanes() -> None:
     manifests = _k8s()
     scaled = manifests[("ScaledObject", "genfleet-worker")]
-    (trigger,) = scaled["spec"]["triggers"]
+    triggers = scaled["spec"]["triggers"]
     config = manifests[("ConfigMap", "genfleet")]["data"]
     names = Names()
-    assert trigger["type"] == "kafka"
-    assert trigger["metadata"]["topic"] == names.jobs_topic
-    assert trigger["metadata"]["consumerGroup"] == names.consumer_group
-    assert trigger["metadata"]["bootstrapServers"] == config["GENFLEET_KAFKA_BOOTSTRAP"]
-    assert int(trigger["metadata"]["lagThreshold"]) >= 1
+    assert [trigger["metadata"]["topic"] for trigger in triggers] == list(names.lanes)
+    for trigger in triggers:
+        assert trigger["type"] == "kafka"
+        assert trigger["metadata"]["consumerGroup"] == names.consumer_group
+        assert trigger["metadata"]["bootstrapServers"] == config["GENFLEET_KAFKA_BOOTSTRAP"]
+        assert int(trigger["metadata"]["lagThreshold"]) >= 1
     assert scaled["spec"]["maxReplicaCount"] <= int(config["GENFLEET_JOBS_PARTITIONS"])
     assert scaled["spec"]["scaleTargetRef"]["name"] in {
         name for kind, name in manifests if kind == "Deployment"

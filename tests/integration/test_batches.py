@@ -2,18 +2,35 @@
 worker, broker and Redis."""
 
 import json
+import re
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import httpx
 import pytest
+import redis
 from openai import OpenAI
 
+from genfleet.local_services import free_port
 from genfleet.processes import FleetProcess
+
+
+@dataclass
+class BatchFleet:
+    client: OpenAI
+    start_runner: Callable[..., FleetProcess]
+    restart_api: Callable[[], OpenAI]
+    worker_metrics: str
 
 
 @pytest.fixture
 def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
-    """(client, start_runner, restart_api): an API and a worker; runners started by the
-    test; restart_api kills the API and starts another, whose client it returns."""
+    """An API and a worker (its metrics served); runners started by the test;
+    ``restart_api`` kills the API and starts another, whose client it returns."""
     kafka, redis = services
     files = tmp_path / "files"
     common = [
@@ -21,7 +38,8 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
         "--topic-prefix", prefix, "--jobs-partitions", "4", "--files-dir", str(files),
         "--model", "tiny-chat",
     ]  # fmt: skip
-    start_worker()
+    metrics_port = free_port()
+    start_worker("--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1")
     api = start_api("--files-dir", str(files), "--model", "tiny-chat")
     runners: list[FleetProcess] = []
 
@@ -37,7 +55,8 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
         api = start_api("--files-dir", str(files), "--model", "tiny-chat")
         return _client(api)
 
-    yield _client(api), start_runner, restart_api
+    worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    yield BatchFleet(_client(api), start_runner, restart_api, worker_metrics)
     for runner in runners:
         runner.stop()
 
@@ -62,6 +81,13 @@ def _upload(client: OpenAI, lines: list[dict]) -> str:
     return client.files.create(file=("input.jsonl", content), purpose="batch").id
 
 
+def _create(client: OpenAI, lines: list[dict]):
+    return client.batches.create(
+        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )  # fmt: skip
+
+
 def _wait(client: OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 180):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -77,7 +103,7 @@ def _jsonl(client: OpenAI, file_id: str) -> list[dict]:
 
 
 def test_a_100_line_batch_answers_every_line_once(batch_fleet) -> None:
-    client, start_runner, _ = batch_fleet
+    client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner()
     lines = [_chat_line(i) for i in range(100)]
     batch = client.batches.create(
@@ -107,7 +133,7 @@ def test_a_100_line_batch_answers_every_line_once(batch_fleet) -> None:
 
 
 def test_invalid_lines_fail_the_batch_with_their_line_numbers(batch_fleet) -> None:
-    client, start_runner, _ = batch_fleet
+    client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner()
     lines: list = [_chat_line(i) for i in range(10)]
     lines[1] = "not json"
@@ -134,41 +160,63 @@ def test_invalid_lines_fail_the_batch_with_their_line_numbers(batch_fleet) -> No
     assert failed.output_file_id is None  # no line ran
 
 
-def test_a_cancelled_batch_ends_with_its_finished_lines(batch_fleet) -> None:
-    client, start_runner, _ = batch_fleet
+def test_a_cancelled_batch_ends_with_its_finished_lines_and_frees_the_worker(batch_fleet) -> None:
+    client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner("--batch-max-in-flight", "4")
-    lines = [_chat_line(i, max_tokens=200, ignore_eos=True) for i in range(40)]
-    batch = client.batches.create(
-        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )  # fmt: skip
-    running = _wait(client, batch.id, {"in_progress"})
-    assert running.request_counts.total == 40
+    lines = [_chat_line(i, max_tokens=600, ignore_eos=True) for i in range(40)]
+    batch = _create(client, lines)
+    deadline = time.monotonic() + 120
+    while client.batches.retrieve(batch.id).request_counts.completed < 2 or not (
+        _gauge(batch_fleet.worker_metrics, "num_requests_running")
+    ):
+        assert time.monotonic() < deadline, "the batch did not get going"
+        time.sleep(0.1)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     cancelled = _wait(client, batch.id, {"cancelled"}, timeout_s=90)
     finished = cancelled.request_counts.completed
-    assert finished < 40
-    if finished:
-        output = _jsonl(client, cancelled.output_file_id)
-        assert len(output) == finished
-        assert len({line["custom_id"] for line in output}) == finished
+    assert 2 <= finished < 40 and cancelled.request_counts.total == 40
+    output = _jsonl(client, cancelled.output_file_id)
+    assert len(output) == finished == len({line["custom_id"] for line in output})
+    # The lines running at the cancel were aborted, not left to finish.
+    statuses = [_job_status(client, f"{batch.id}-{i + 1}-0") for i in range(40)]
+    assert statuses.count("completed") == finished and "cancelled" in statuses
+    # The worker let go of the cancelled lines: nothing running, no KV block held.
+    deadline = time.monotonic() + 10
+    gauges = ("num_requests_running", "kv_cache_usage_perc")
+    while (held := [_gauge(batch_fleet.worker_metrics, name) for name in gauges]) != [0, 0]:
+        assert time.monotonic() < deadline, f"running, KV usage still {held}"
+        time.sleep(0.2)
+
+
+def _job_status(client: OpenAI, job_id: str) -> str | None:
+    """A batch job's status as /v1/jobs shows it; None for a line never submitted."""
+    response = httpx.get(f"{_api_url(client)}/v1/jobs/{job_id}")
+    return response.json()["status"] if response.status_code == 200 else None
+
+
+def _api_url(client: OpenAI) -> str:
+    return str(client.base_url).removesuffix("/").removesuffix("/v1")
+
+
+def _gauge(metrics_url: str, name: str) -> float | None:
+    """A worker gauge's value, or None before the worker has set it."""
+    text = httpx.get(metrics_url).text
+    match = re.search(rf"^genfleet:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    return None if match is None else float(match.group(1))
 
 
 def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) -> None:
-    client, start_runner, restart_api = batch_fleet
+    client, start_runner = batch_fleet.client, batch_fleet.start_runner
     runner = start_runner("--batch-max-in-flight", "16")
     lines = [_chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
-    batch = client.batches.create(
-        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )  # fmt: skip
+    batch = _create(client, lines)
     deadline = time.monotonic() + 120
     while client.batches.retrieve(batch.id).request_counts.completed < 20:
         assert time.monotonic() < deadline, "the batch did not get going"
         time.sleep(0.2)
     runner.kill()  # kill -9, mid-batch: lines submitted, results unread
-    client = restart_api()
+    client = batch_fleet.restart_api()
     assert client.batches.retrieve(batch.id).status == "in_progress"
     time.sleep(2)  # results land on the topic while no runner reads them
     start_runner("--batch-max-in-flight", "16")
@@ -178,3 +226,36 @@ def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) ->
     output = _jsonl(client, done.output_file_id)
     assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(100)]
     assert all(line["response"]["body"]["usage"]["completion_tokens"] == 16 for line in output)
+
+
+def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
+    batch_fleet, services, prefix, tmp_path
+) -> None:
+    client, start_runner = batch_fleet.client, batch_fleet.start_runner
+    start_runner("--batch-max-in-flight", "8")
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [_chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    command = [sys.executable, "-m", "genfleet.cli", "batch", "run", str(source),
+               "-o", str(output), "--url", _api_url(client), "--poll-s", "0.2"]  # fmt: skip
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (batches := list(client.batches.list())) or (
+        batches[0].request_counts.completed < 50
+    ):
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=30)
+    assert first.returncode != 0 and not output.exists()
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert second.returncode == 0, second.stderr
+    assert f"attaching to batch {batches[0].id}" in second.stderr
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [line["custom_id"] for line in written] == [f"q-{i}" for i in range(100)]
+    # One batch, one job per line: nothing was submitted again.
+    assert [batch.id for batch in client.batches.list()] == [batches[0].id]
+    store = redis.Redis.from_url(services[1].address)
+    jobs = [key for key in store.scan_iter(f"{prefix}job:*:batch_*") if key.count(b":") == 2]
+    assert len(jobs) == 100

@@ -43,7 +43,7 @@ from queue_schemas.messages import now
 from queue_schemas.redis_records import Delivery
 from worker.sampling_params import SamplingParams
 from worker.service.admission import Action, decide
-from worker.service.backpressure import Backpressure
+from worker.service.backpressure import lane_gates
 from worker.service.cancellations import Cancellations
 from worker.service.commits import Committer
 from worker.service.engine_client import EngineClient, EngineFailed
@@ -106,9 +106,8 @@ class WorkerService:
         self.offsets = OffsetTracker()
         self.jobs: dict[JobKey, InFlight] = {}
         self.by_request: dict[str, InFlight] = {}
-        self.gate = Backpressure(
-            settings.low_watermark, settings.high_watermark, settings.max_waiting
-        )
+        self.gates = lane_gates(settings, self.names)
+        self.gate = self.gates[self.names.jobs_topic]
         self.stopping = asyncio.Event()
         self.failed = False
         self._outputs_in: asyncio.Queue[list[Output]] = asyncio.Queue()
@@ -219,7 +218,7 @@ class WorkerService:
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
             max_partition_fetch_bytes=max(1_048_576, 2 * settings.max_record_bytes),
         )
-        self.consumer.subscribe([self.names.jobs_topic], listener=_Rebalance(self))
+        self.consumer.subscribe(list(self.names.lanes), listener=_Rebalance(self))
         self.committer = Committer(self.consumer, self.offsets)
         self.cancellations = Cancellations(
             Redis.from_url(settings.redis_url, socket_connect_timeout=settings.redis_timeout_s),
@@ -231,7 +230,7 @@ class WorkerService:
         await self.publisher.mark()
         await self.kafka.start()
         await self.kafka.available.call(self.consumer.start)
-        log.info("worker %s serving %s", settings.worker_id, self.names.jobs_topic)
+        log.info("worker %s serving %s", settings.worker_id, ", ".join(self.names.lanes))
         tasks = [
             asyncio.create_task(coroutine)
             for coroutine in (
@@ -305,10 +304,11 @@ class WorkerService:
     async def _intake(self) -> None:
         while not self.stopping.is_set():
             self._apply_backpressure()
-            if self.gate.paused or self.publisher.available.down:
-                # Keep polling (the group evicts a consumer that stops), and keep
-                # partitions that a rebalance just gave us paused too.
-                self.consumer.pause(*self.consumer.assignment())
+            # Keep polling (the group evicts a consumer that stops), and keep partitions
+            # that a rebalance just gave us paused too.
+            for topic, gate in self.gates.items():
+                if gate.paused or self.publisher.available.down:
+                    self.consumer.pause(*self._lane(topic))
             room = max(1, self.gate.room(self.engine.load))
             try:
                 batches = await self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=room)
@@ -320,25 +320,30 @@ class WorkerService:
             if records:
                 await self._take(records)
 
+    def _lane(self, topic: str) -> list[TopicPartition]:
+        return [tp for tp in self.consumer.assignment() if tp.topic == topic]
+
     def _apply_backpressure(self) -> None:
         load = self.engine.load
-        decision = self.gate.update(load, hold=self.publisher.available.down)
-        if decision is None:
-            return
-        partitions = self.consumer.assignment()
-        if decision:
-            self.consumer.pause(*partitions)
-        else:
-            self.consumer.resume(*partitions)
-        log.info(
-            "%s intake: %d/%d KV blocks free, %d waiting (pauses %d, resumes %d)",
-            "paused" if decision else "resumed",
-            load.free_blocks,
-            load.total_blocks,
-            load.waiting,
-            self.gate.pauses,
-            self.gate.resumes,
-        )
+        for topic, gate in self.gates.items():
+            decision = gate.update(load, hold=self.publisher.available.down)
+            if decision is None:
+                continue
+            partitions = self._lane(topic)
+            if decision:
+                self.consumer.pause(*partitions)
+            else:
+                self.consumer.resume(*partitions)
+            log.info(
+                "%s intake of %s: %d/%d KV blocks free, %d waiting (pauses %d, resumes %d)",
+                "paused" if decision else "resumed",
+                topic,
+                load.free_blocks,
+                load.total_blocks,
+                load.waiting,
+                gate.pauses,
+                gate.resumes,
+            )
 
     async def _take(self, records: list[tuple[TopicPartition, ConsumerRecord]]) -> None:
         """One fetch, each record on its own: a bad one fails alone, as a dead letter.
@@ -629,11 +634,11 @@ class WorkerService:
         ends = await self.consumer.end_offsets(list(owned)) if owned else {}
         lag = self.metrics.consumer_lag
         for partition in self._lag_reported - set(ends):
-            lag.remove(str(partition.partition))
+            lag.remove(partition.topic, str(partition.partition))
         for partition, end in ends.items():
             committed = self.committer.committed(partition)
             if committed is not None:
-                lag.labels(str(partition.partition)).set(max(0, end - committed))
+                lag.labels(partition.topic, str(partition.partition)).set(max(0, end - committed))
         self._lag_reported = set(ends)
 
 

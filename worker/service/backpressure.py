@@ -5,11 +5,17 @@ and another worker can take them. We pause our partitions when free KV blocks
 fall below the low watermark or the engine's waiting queue is full, and
 resume once free blocks are above the high watermark and the queue has room.
 The gap between the two marks keeps us from flapping.
+
+Each lane has a gate of its own. The batch lane's closes first: it pauses
+below a higher free-block share and with half as many jobs waiting, and
+resumes later, so batch jobs take what interactive ones leave.
 """
 
 from dataclasses import dataclass
 
+from queue_schemas import Names
 from worker.service.engine_protocol import EngineLoad
+from worker.service.settings import WorkerSettings
 
 
 @dataclass
@@ -45,3 +51,17 @@ class Backpressure:
     def room(self, load: EngineLoad) -> int:
         """How many more records one fetch may bring."""
         return max(0, self.max_waiting - load.waiting)
+
+
+def lane_gates(settings: WorkerSettings, names: Names) -> dict[str, Backpressure]:
+    """A gate per lane (topic): the interactive one, and the batch one that closes first."""
+    return {
+        names.jobs_topic: Backpressure(
+            settings.low_watermark, settings.high_watermark, settings.max_waiting
+        ),
+        names.batch_jobs_topic: Backpressure(
+            settings.batch_low_watermark,
+            settings.batch_high_watermark,
+            max(1, settings.max_waiting // 2),
+        ),
+    }

@@ -129,7 +129,7 @@ class WorkerMetrics:
         self.consumer_lag = gauge(
             "consumer_lag",
             "Jobs in an owned partition past its committed offset",
-            ["partition"],
+            ["topic", "partition"],
         )
         self.dead_lettered = counter(
             "jobs_dead_lettered", "Job records sent to the dead-letter topic", ["reason"]

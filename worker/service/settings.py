@@ -43,6 +43,12 @@ class WorkerSettings(FleetSettings):
     max_waiting: int = Field(64, ge=1, description="local waiting jobs before pausing intake")
     low_watermark: float = Field(0.05, ge=0, lt=1, description="pause below this free-block share")
     high_watermark: float = Field(0.2, gt=0, le=1, description="resume above this free-block share")
+    batch_low_watermark: float = Field(
+        0.2, ge=0, lt=1, description="batch lane: pause below this free-block share"
+    )
+    batch_high_watermark: float = Field(
+        0.4, gt=0, le=1, description="batch lane: resume above this free-block share"
+    )
     max_record_bytes: int = Field(
         MAX_RECORD_BYTES, ge=1024, description="larger job records are dead-lettered"
     )
