@@ -73,7 +73,7 @@ def worker_flags(settings: "WorkerSettings") -> list[str]:
     return flags + ["--enforce-eager"] * settings.enforce_eager
 
 
-async def _send(
+async def stream_completion(
     client: "AsyncOpenAI", model: str, request: BenchRequest, start: float
 ) -> FleetRequest:
     await asyncio.sleep(max(0.0, start + request.arrival - time.time()))
@@ -128,7 +128,7 @@ async def _run(
 
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
         start = time.time() + 0.2
-        seen = await asyncio.gather(*(_send(client, model, r, start) for r in requests))
+        seen = await asyncio.gather(*(stream_completion(client, model, r, start) for r in requests))
     results = await _results(bootstrap, names, {r.job_id for r in seen})
     timings = [
         RequestTiming(r.sent_at - start, r.first_chunk_at - start, r.done_at - start,

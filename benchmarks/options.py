@@ -31,6 +31,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
     )
+    parser.add_argument(
+        "--batch-mix",
+        action="store_true",
+        help="the fleet with its batch runner: interactive requests' TTFT on the idle fleet "
+        "and while a 200-line batch runs",
+    )
+    parser.add_argument(
+        "--batch-max-in-flight",
+        type=int,
+        default=256,
+        help="--batch-mix: the batch runner's window of unfinished lines",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")
     parser.add_argument("--max-num-seqs", type=int, default=64)

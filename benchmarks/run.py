@@ -4,6 +4,7 @@ import argparse
 import statistics
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
@@ -18,6 +19,9 @@ from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.config import DTYPES
 from worker.engine import load_tokenizer
 from worker.model_fetch import resolve_model
+
+if TYPE_CHECKING:
+    from worker.service.settings import WorkerSettings
 
 BASELINE_BATCH = {"single": 1, "static8": 8, "static20": 20}
 # Poisson arrivals at this fraction of the engine's burst throughput: near capacity.
@@ -87,6 +91,13 @@ def run_benchmark(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise ValueError("the benchmark needs a model folder with a tokenizer")
     console = Console()
+    if args.batch_mix:
+        from benchmarks.batch_mix import run_batch_mix
+        from benchmarks.fleet import worker_flags
+
+        flags = worker_flags(_worker_settings(args, folder))
+        window = args.batch_max_in_flight
+        return run_batch_mix(folder, flags, args.model, tokenizer, args.seed, window, console)
     if args.fleet:
         return _fleet_benchmark(args, workloads, folder, tokenizer, console)
     baselines = _split(args.baselines, BASELINE_BATCH)
@@ -135,6 +146,23 @@ def run_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings":
+    """The fleet's worker, as the flags ask for it: one dtype (bf16 unless named)."""
+    from worker.service.settings import WorkerSettings
+
+    dtypes = _split(args.dtypes or "bfloat16", DTYPES)
+    if len(dtypes) != 1:
+        raise ValueError("the fleet runs one dtype: pass --dtypes with one of them")
+    return WorkerSettings(
+        model=str(folder),
+        device=args.device,
+        dtype=dtypes[0],
+        enforce_eager=args.enforce_eager,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+
+
 def _fleet_benchmark(
     args: argparse.Namespace,
     workloads: list[str],
@@ -145,20 +173,9 @@ def _fleet_benchmark(
     """The offline engine on each workload, then the fleet on the same requests."""
     # The fleet's modules (Kafka, the wire schemas) only where the fleet runs.
     from benchmarks.fleet import run_fleet, worker_flags
-    from worker.service.settings import WorkerSettings
 
-    dtypes = _split(args.dtypes or "bfloat16", DTYPES)
-    if len(dtypes) != 1:
-        raise ValueError("--fleet runs one dtype: pass --dtypes with one of them")
-    dtype = dtypes[0]
-    settings = WorkerSettings(
-        model=str(folder),
-        device=args.device,
-        dtype=dtype,
-        enforce_eager=args.enforce_eager,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
+    settings = _worker_settings(args, folder)
+    dtype = settings.dtype
     engine = LLMEngine(settings.engine_config())  # exactly the worker's engine
     warm(engine)
     rate = args.rate

@@ -28,6 +28,7 @@ from genfleet.processes import FleetProcess
 
 READY_TIMEOUT_S = 300.0
 API_STOP_S = 10.0
+BATCH_LINES_PER_WORKER = 16
 FIRST_PROMPT = "What is the capital of France? Answer in one sentence."
 
 console = Console(soft_wrap=True)  # URLs and commands stay whole in a log
@@ -175,7 +176,10 @@ def run_up(args: argparse.Namespace) -> int:
         for port in metrics_ports:
             fleet.start_worker("--metrics-host", "127.0.0.1", "--metrics-port", str(port))
         shared = ["--model", served_name, "--files-dir", str((args.data_dir or log_dir) / "files")]
-        fleet.start_batch_runner(*shared)
+        # A window of a quarter of each worker's sequences keeps interactive TTFT near
+        # the idle fleet's on CPU workers (README, "Interactive requests while a batch runs").
+        window = str(BATCH_LINES_PER_WORKER * args.workers)
+        fleet.start_batch_runner(*shared, "--batch-max-in-flight", window)
         api = fleet.start_api("--host", "127.0.0.1", *shared, port=args.port)
         worker_urls = [f"http://127.0.0.1:{port}" for port in metrics_ports]
         try:

@@ -14,7 +14,6 @@ from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-WINDOW_S = 24 * 3600  # the one completion window OpenAI offers
 
 
 def new_batch_id() -> str:
@@ -42,7 +41,8 @@ async def create_batch(fleet: FleetDep, tenant: TenantDep, body: BatchCreate) ->
         completion_window=body.completion_window,
         status="validating",
         created_at=created,
-        expires_at=created + WINDOW_S,
+        # "24h", OpenAI's one window, unless the operator set another.
+        expires_at=created + fleet.settings.batch_window_s,
         metadata=body.metadata,
         model=fleet.settings.model,
         tenant=tenant.tenant,

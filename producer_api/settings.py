@@ -28,6 +28,9 @@ class ApiSettings(FleetSettings):
     )
     max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="largest uploaded file")
     max_file_lines: int = Field(50_000, ge=1, description="most lines in an uploaded file")
+    batch_window_s: int = Field(
+        24 * 3600, ge=1, description="a batch still running this long after creation expires"
+    )
     batch_max_in_flight: int = Field(
         256, ge=1, description="batch runner: a batch's lines submitted and not yet finished"
     )

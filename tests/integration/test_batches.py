@@ -23,14 +23,14 @@ from genfleet.processes import FleetProcess
 class BatchFleet:
     client: OpenAI
     start_runner: Callable[..., FleetProcess]
-    restart_api: Callable[[], OpenAI]
+    restart_api: Callable[..., OpenAI]
     worker_metrics: str
 
 
 @pytest.fixture
 def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
     """An API and a worker (its metrics served); runners started by the test;
-    ``restart_api`` kills the API and starts another, whose client it returns."""
+    ``restart_api(*flags)`` kills the API and starts another, whose client it returns."""
     kafka, redis = services
     files = tmp_path / "files"
     common = [
@@ -49,10 +49,10 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
         runners.append(runner)
         return runner
 
-    def restart_api() -> OpenAI:
+    def restart_api(*extra: str) -> OpenAI:
         nonlocal api
         api.kill()
-        api = start_api("--files-dir", str(files), "--model", "tiny-chat")
+        api = start_api("--files-dir", str(files), "--model", "tiny-chat", *extra)
         return _client(api)
 
     worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -204,6 +204,18 @@ def _gauge(metrics_url: str, name: str) -> float | None:
     text = httpx.get(metrics_url).text
     match = re.search(rf"^genfleet:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
     return None if match is None else float(match.group(1))
+
+
+def test_a_batch_past_its_window_expires_with_what_finished(batch_fleet) -> None:
+    client = batch_fleet.restart_api("--batch-window-s", "10")
+    batch_fleet.start_runner("--batch-max-in-flight", "4")
+    batch = _create(client, [_chat_line(i, max_tokens=300, ignore_eos=True) for i in range(80)])
+    assert batch.expires_at == batch.created_at + 10
+    expired = _wait(client, batch.id, {"expired", "completed"}, timeout_s=60)
+    assert expired.status == "expired" and expired.expired_at >= batch.expires_at
+    finished = expired.request_counts.completed
+    assert 0 < finished < 80
+    assert len(_jsonl(client, expired.output_file_id)) == finished
 
 
 def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) -> None:
