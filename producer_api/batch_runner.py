@@ -36,12 +36,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from producer_api.auth import Tenant
 from producer_api.batch_schema import (
     MAX_ERRORS,
+    BatchError,
     BatchErrors,
     BatchObject,
+    BatchRequest,
     BatchStatus,
     BatchUsage,
     read_input,
@@ -63,6 +66,9 @@ MAX_PRIORITY = 2**31 - 1
 TICK_S = 1.0
 SUBMIT_CHUNK = 64
 CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold the batch
+RETRY_S = 1.0
+# What an outage of Redis, Kafka or the files folder raises: waited out, never fatal.
+OUTAGES = (RedisError, KafkaError, OSError, ApiError)
 
 
 @dataclass
@@ -106,7 +112,7 @@ class BatchRunner:
             while not stop.is_set():
                 try:
                     await self._tick()
-                except (ConnectionError, OSError, KafkaError, ApiError) as error:
+                except OUTAGES as error:
                     log.warning("batch runner: %r; trying again", error)
                 with_timeout = asyncio.wait_for(stop.wait(), TICK_S)
                 await asyncio.gather(with_timeout, return_exceptions=True)
@@ -130,13 +136,30 @@ class BatchRunner:
                 await asyncio.sleep(1.0)
 
     async def _read_results(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        """Record every batch job's result, committing only what is recorded; an outage
+        stops nothing: uncommitted results are read again."""
         while not stop.is_set():
-            fetched = await consumer.getmany(timeout_ms=500)
-            for records in fetched.values():
-                for record in records:
-                    await self._take_result(record.value)
-            if fetched:
-                await consumer.commit()
+            try:
+                fetched = await consumer.getmany(timeout_ms=500)
+                for records in fetched.values():
+                    for record in records:
+                        await self._take_result(record.value)
+                if fetched:
+                    await consumer.commit()
+            except OUTAGES as error:
+                log.warning("batch runner, results: %r; reading again", error)
+                await self._rewind(consumer)
+                await asyncio.sleep(RETRY_S)
+
+    async def _rewind(self, consumer: AIOKafkaConsumer) -> None:
+        """Back to the last commit, so the results of a failed fetch are not skipped."""
+        for partition in consumer.assignment():
+            with contextlib.suppress(*OUTAGES):
+                committed = await consumer.committed(partition)
+                if committed is None:
+                    await consumer.seek_to_beginning(partition)
+                else:
+                    consumer.seek(partition, committed)
 
     async def _take_result(self, value: bytes | None) -> None:
         try:
@@ -144,8 +167,8 @@ class BatchRunner:
         except ValueError:
             return  # not a result this runner can read; the workers dead-letter their own
         batch_id = batch_of(result.job_id)
-        if batch_id is None:
-            return
+        if batch_id is None or not await self.store.exists(result.tenant, batch_id):
+            return  # not a batch's job, or a batch this fleet never made
         new = await self.store.record_result(result.tenant, batch_id, result)
         if new and batch_id in self._done:
             self._done[batch_id][result.job_id] = _slim(result)
@@ -188,8 +211,13 @@ class BatchRunner:
 
     async def _validate(self, batch: BatchObject) -> bool:
         """Parse the input; an invalid one fails the batch. True: the batch is running."""
-        content = b"".join([chunk async for chunk in self._file(batch)])
-        requests, errors = read_input(content, batch.endpoint, self.settings.model)
+        requests: list[BatchRequest] = []
+        if await self.fleet.files.get(batch.tenant, batch.input_file_id) is None:
+            message = f"the input file {batch.input_file_id} was deleted"
+            errors = [BatchError(code="file_not_found", message=message)]
+        else:
+            content = b"".join([chunk async for chunk in self._file(batch)])
+            requests, errors = read_input(content, batch.endpoint, self.settings.model)
         now = int(time.time())
         if errors:
             batch.errors = BatchErrors(data=errors[:MAX_ERRORS])
@@ -270,9 +298,11 @@ class BatchRunner:
 
     async def _final(self, batch: BatchObject, status: BatchStatus, lines: list[Line]) -> None:
         """Write the output and error files of the lines that finished, then the status."""
-        now = int(time.time())
-        batch.status, batch.finalizing_at = "finalizing", now
-        await self.store.save(batch)
+        if status == "completed":
+            # Only a completing batch shows it (as OpenAI's): one cancelled or expired
+            # keeps its status, so a runner restarted meanwhile finishes it the same way.
+            batch.status, batch.finalizing_at = "finalizing", int(time.time())
+            await self.store.save(batch)
         results = await self.store.results(batch)
         output, errors = io.BytesIO(), io.BytesIO()
         usage = BatchUsage()
@@ -296,6 +326,7 @@ class BatchRunner:
         batch.status = status
         setattr(batch, f"{status}_at", int(time.time()))
         await self.store.save(batch)
+        await self.store.drop_results(batch)  # the files hold them now
         self._forget(batch.id)
         log.info("batch %s %s: %d completed, %d failed", batch.id, status, completed, failed)
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from queue_schemas.bounds import MAX_BODY_BYTES
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 BODIES: dict[str, type[GenerationRequest]] = {
@@ -130,6 +131,9 @@ def _field(error: ErrorDetails, prefix: str = "") -> str:
 def _read_line(
     number: int, raw: bytes, endpoint: str, served_model: str, seen: set[str]
 ) -> BatchRequest | BatchError:
+    if len(raw) > MAX_BODY_BYTES:  # what the route itself would refuse (413)
+        message = f"the line is larger than a request may be ({MAX_BODY_BYTES} bytes)"
+        return _error(number, "request_too_large", message)
     try:
         line = InputLine.model_validate(json.loads(raw))
     except (UnicodeDecodeError, json.JSONDecodeError):

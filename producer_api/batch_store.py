@@ -84,6 +84,12 @@ class BatchStore:
     async def submitted(self, batch: BatchObject, lines: int) -> None:
         await self.redis.hset(self.names.batch_key(batch.tenant, batch.id), SUBMITTED, lines)
 
+    async def exists(self, tenant: str, batch_id: str) -> bool:
+        return bool(await self.redis.exists(self.names.batch_key(tenant, batch_id)))
+
+    async def drop_results(self, batch: BatchObject) -> None:
+        await self.redis.delete(self.names.batch_results_key(batch.tenant, batch.id))
+
     async def record_result(self, tenant: str, batch_id: str, result: JobResult) -> bool:
         """True when this job's result is new to the batch."""
         key = self.names.batch_results_key(tenant, batch_id)

@@ -80,7 +80,12 @@ def test_every_variable_set_is_a_setting_of_what_reads_it() -> None:
     manifests = _k8s()
     shared = set(manifests[("ConfigMap", "genfleet")]["data"])
     assert not shared - (API_ENV & WORKER_ENV)
-    for deployment, known in (("genfleet-api", API_ENV), ("genfleet-worker", WORKER_ENV)):
+    deployments = (
+        ("genfleet-api", API_ENV),
+        ("genfleet-batch-runner", API_ENV),
+        ("genfleet-worker", WORKER_ENV),
+    )
+    for deployment, known in deployments:
         container = _container(manifests[("Deployment", deployment)])
         assert not set(_env(container)) - known, deployment
         assert container["envFrom"] == [{"configMapRef": {"name": "genfleet"}}]
@@ -173,6 +178,28 @@ def test_workers_get_longer_to_stop_than_they_drain() -> None:
     deployment = _k8s()[("Deployment", "genfleet-worker")]
     drain_here = float(_env(_container(deployment))["GENFLEET_DRAIN_DEADLINE_S"])  # type: ignore[arg-type]
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain_here
+
+
+def test_the_api_and_the_batch_runner_share_one_files_volume() -> None:
+    manifests = _k8s()
+    claim = manifests[("PersistentVolumeClaim", "genfleet-files")]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for deployment in ("genfleet-api", "genfleet-batch-runner"):
+        spec = manifests[("Deployment", deployment)]["spec"]["template"]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in spec["volumes"] if "persistentVolumeClaim" in v}  # fmt: skip
+        (container,) = spec["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        files_dir = _env(container)["GENFLEET_FILES_DIR"]
+        assert [mounts[name] for name, c in claims.items() if c == "genfleet-files"] == [files_dir]
+    runner = manifests[("Deployment", "genfleet-batch-runner")]["spec"]
+    assert runner["replicas"] == 1 and runner["strategy"]["type"] == "Recreate"
+    services = _compose()
+    for name in ("api", "batch-runner"):
+        assert (
+            f"files-data:{services[name]['environment']['GENFLEET_FILES_DIR']}"
+            in (services[name]["volumes"])
+        )
 
 
 def test_keda_scales_the_workers_group_on_both_lanes() -> None:

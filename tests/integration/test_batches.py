@@ -15,6 +15,7 @@ import pytest
 import redis
 from openai import OpenAI
 
+from genfleet.local_fleet import local_fleet
 from genfleet.local_services import free_port
 from genfleet.processes import FleetProcess
 
@@ -61,8 +62,8 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
         runner.stop()
 
 
-def _client(api) -> OpenAI:
-    return OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=60)
+def _client(api, retries: int = 0) -> OpenAI:
+    return OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=retries, timeout=60)
 
 
 def _chat_line(i: int, **body) -> dict:
@@ -271,3 +272,29 @@ def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
     store = redis.Redis.from_url(services[1].address)
     jobs = [key for key in store.scan_iter(f"{prefix}job:*:batch_*") if key.count(b":") == 2]
     assert len(jobs) == 100
+
+
+def test_a_batch_goes_on_through_a_redis_restart(chat_model, tmp_path) -> None:
+    """Its own fleet: Redis (with AOF) stops for a second mid-batch; the runner, the API
+    and the worker wait it out, and every line comes back once. (It found an idle
+    worker that kept its intake paused for ever after the outage: nothing of its own
+    was left to call Redis and see it back.)"""
+    files = ["--files-dir", str(tmp_path / "files"), "--model", "tiny-chat"]
+    with local_fleet(chat_model, tmp_path, redis_data_dir=tmp_path / "redis") as fleet:
+        fleet.start_worker()
+        fleet.start_batch_runner(*files, "--batch-max-in-flight", "8")
+        # Retries as the official client makes them by default: the API answers 503
+        # while Redis is away.
+        client = _client(fleet.start_api(*files), retries=5)
+        fleet.wait_until_serving()
+        batch = _create(client, [_chat_line(i, max_tokens=32, ignore_eos=True) for i in range(60)])
+        deadline = time.monotonic() + 120
+        while client.batches.retrieve(batch.id).request_counts.completed < 10:
+            assert time.monotonic() < deadline, "the batch did not get going"
+            time.sleep(0.2)
+        fleet.restart_redis(down_s=1.0)
+        done = _wait(client, batch.id, {"completed", "failed"}, timeout_s=60)
+        assert done.status == "completed"
+        output = _jsonl(client, done.output_file_id)
+        assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(60)]
+        assert all(runner.alive for runner in fleet.batch_runners)

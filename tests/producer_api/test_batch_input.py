@@ -55,6 +55,12 @@ def test_an_invalid_line_fails_the_file_naming_its_line(raw, code, param) -> Non
         assert errors[0].param == param
 
 
+def test_a_line_larger_than_a_request_may_be_is_refused() -> None:
+    huge = _line("big", messages=[{"role": "user", "content": "x" * 1_100_000}])
+    requests, errors = read_input(_line("ok") + b"\n" + huge + b"\n", CHAT, "m")
+    assert requests == [] and [(e.line, e.code) for e in errors] == [(2, "request_too_large")]
+
+
 def test_an_empty_file_is_an_error() -> None:
     assert [e.code for e in read_input(b"\n\n", CHAT, "m")[1]] == ["empty_file"]
 

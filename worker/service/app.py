@@ -613,6 +613,8 @@ class WorkerService:
             if stalled > self.settings.stuck_timeout_s:
                 self._fail(f"engine step running for {stalled:.0f} s")
                 return
+            if self.publisher.available.down:
+                await self.publisher.probe()
             owned = self.consumer.assignment()
             self.metrics.partitions_assigned.set(len(owned))
             self.metrics.partitions_paused.set(len(self.consumer.paused() & owned))

@@ -59,6 +59,17 @@ class RedisPublisher:
         self._marker = names.worker_marker(worker)
         self._outages_checked = 0
 
+    async def probe(self) -> None:
+        """One PING while Redis is marked away. Calls in flight find it back on their
+        own; an idle worker has none, and would keep its intake paused for ever."""
+        try:
+            await self.client.ping()
+        except Exception as error:
+            if not redis_outage(error):
+                raise
+            return
+        self.available.answered()
+
     async def mark(self) -> None:
         """Set the marker whose absence after an outage means Redis lost its data."""
         await self.available.call(lambda: self.client.set(self._marker, 1))
