@@ -18,6 +18,8 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from producer_api.file_store import written_atomically
+
 FINAL = {"completed", "failed", "expired", "cancelled"}
 console = Console(stderr=True)
 
@@ -58,9 +60,8 @@ def _recorded_batch(output: Path, digest: str) -> str | None:
 
 
 def _write(path: Path, content: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(content)
-    partial.replace(path)
+    with written_atomically(path) as target:
+        target.write(content)
 
 
 def run_batch(base_url: str, api_key: str | None, source: Path, output: Path, poll_s: float) -> int:

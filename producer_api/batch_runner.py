@@ -57,12 +57,12 @@ from producer_api.openai_format import usage_body
 from producer_api.openai_routes import Run, build_run
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult, JobStatus, TokenEvent
+from queue_schemas.bounds import INT32_MAX
 from queue_schemas.logs import configure_logging
 from queue_schemas.topics import ensure_topics
 
 log = logging.getLogger("genfleet.batch")
 BATCH_PRIORITY = 1000  # added to each line's own: interactive jobs (0 by default) go first
-MAX_PRIORITY = 2**31 - 1
 TICK_S = 1.0
 SUBMIT_CHUNK = 64
 CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold the batch
@@ -133,7 +133,7 @@ class BatchRunner:
                 return
             except (KafkaError, OSError) as error:
                 log.warning("batch runner: broker unavailable (%r); retrying", error)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(RETRY_S)
 
     async def _read_results(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         """Record every batch job's result, committing only what is recorded; an outage
@@ -216,8 +216,7 @@ class BatchRunner:
             message = f"the input file {batch.input_file_id} was deleted"
             errors = [BatchError(code="file_not_found", message=message)]
         else:
-            content = b"".join([chunk async for chunk in self._file(batch)])
-            requests, errors = read_input(content, batch.endpoint, self.settings.model)
+            requests, errors = await self._read_input(batch)
         now = int(time.time())
         if errors:
             batch.errors = BatchErrors(data=errors[:MAX_ERRORS])
@@ -227,27 +226,34 @@ class BatchRunner:
             return False
         batch.status, batch.in_progress_at = "in_progress", now
         batch.request_counts.total = len(requests)
+        self._lines[batch.id] = self._as_lines(batch, requests)
         await self.store.save(batch)
         log.info("batch %s: %d requests", batch.id, len(requests))
         return True
 
-    def _file(self, batch: BatchObject):
-        return self.fleet.files.content(batch.tenant, batch.input_file_id)
+    async def _read_input(self, batch: BatchObject) -> tuple[list[BatchRequest], list[BatchError]]:
+        content = b"".join(
+            [chunk async for chunk in self.fleet.files.content(batch.tenant, batch.input_file_id)]
+        )
+        return read_input(content, batch.endpoint, self.settings.model)
 
     async def _lines_of(self, batch: BatchObject) -> list[Line]:
-        """Each line as the jobs its route would submit (read again after a restart)."""
+        """The lines validation made, or (after a restart) the input read again."""
         if batch.id not in self._lines:
-            content = b"".join([chunk async for chunk in self._file(batch)])
-            requests, _ = read_input(content, batch.endpoint, self.settings.model)
-            tenant = Tenant(tenant=batch.tenant)
-            lines = []
-            for request in requests:
-                priority = min(request.body.priority + BATCH_PRIORITY, MAX_PRIORITY)
-                body = request.body.model_copy(update={"priority": priority})
-                run = build_run(body, f"{batch.id}-{request.line}", self.settings.model, tenant)
-                lines.append(Line(request.custom_id, run))
-            self._lines[batch.id] = lines
+            requests, _ = await self._read_input(batch)
+            self._lines[batch.id] = self._as_lines(batch, requests)
         return self._lines[batch.id]
+
+    def _as_lines(self, batch: BatchObject, requests: list[BatchRequest]) -> list[Line]:
+        """Each request as the jobs its route would submit, behind interactive priority."""
+        tenant = Tenant(tenant=batch.tenant)
+        lines = []
+        for request in requests:
+            priority = min(request.body.priority + BATCH_PRIORITY, INT32_MAX)
+            body = request.body.model_copy(update={"priority": priority})
+            run = build_run(body, f"{batch.id}-{request.line}", self.settings.model, tenant)
+            lines.append(Line(request.custom_id, run))
+        return lines
 
     async def _finished_jobs(self, batch: BatchObject) -> dict[str, JobResult]:
         if batch.id not in self._done:
@@ -350,7 +356,7 @@ class BatchRunner:
 
     async def _token_events(self, run: Run, result: JobResult) -> list[TokenEvent]:
         """A job's token events, where the line asked for logprobs (the only use of them)."""
-        if getattr(run.shape, "top", None) is None:
+        if run.shape.top is None:
             return []
         history = await self.fleet.store.history(result.tenant, result.job_id, EventCursor())
         return [event for event in history if isinstance(event, TokenEvent)]

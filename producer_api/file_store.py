@@ -102,7 +102,7 @@ class LocalFileStore:
         file_id = new_file_id()
         size, lines, last = 0, 0, b"\n"
         capped = purpose == "batch"
-        with _written(folder / file_id) as target:
+        with written_atomically(folder / file_id) as target:
             while chunk := source.read(CHUNK):
                 size += len(chunk)
                 if capped and size > self.max_bytes:
@@ -115,7 +115,7 @@ class LocalFileStore:
         item = FileObject(
             id=file_id, bytes=size, created_at=int(time.time()), filename=filename, purpose=purpose
         )
-        with _written(folder / f"{file_id}.json") as target:
+        with written_atomically(folder / f"{file_id}.json") as target:
             target.write(item.model_dump_json().encode())
         return item
 
@@ -163,7 +163,7 @@ class LocalFileStore:
 
 
 @contextlib.contextmanager
-def _written(path: Path) -> Iterator[BinaryIO]:
+def written_atomically(path: Path) -> Iterator[BinaryIO]:
     """A file written under a temporary name and renamed into place once whole."""
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:

@@ -49,6 +49,7 @@ def _tokens(events: list[TokenEvent], top: int):
 class Shape(Protocol):
     object: str
     chunk_object: str
+    top: int | None  # logprob alternatives per token; None: no logprobs
 
     def opening(self, index: int) -> Choice | None: ...
     def delta(self, index: int, event: TokenEvent) -> Choice: ...
