@@ -1,13 +1,24 @@
 """Feed a workload to the engine in real time and time every request."""
 
 import time
+from collections.abc import Callable
 
 from benchmarks.metrics import RequestTiming, RunSummary, summarize
 from benchmarks.workloads import BenchRequest
 from worker import LLMEngine, SamplingParams
 
 
-def run_engine(engine: LLMEngine, requests: list[BenchRequest], label: str) -> RunSummary:
+def fixed_length(request: BenchRequest, index: int) -> SamplingParams:
+    """Greedy, exactly the request's output length: the workloads' default."""
+    return SamplingParams(temperature=0, max_tokens=request.output_len, ignore_eos=True)
+
+
+def run_engine(
+    engine: LLMEngine,
+    requests: list[BenchRequest],
+    label: str,
+    params_for: Callable[[BenchRequest, int], SamplingParams] = fixed_length,
+) -> RunSummary:
     pool = engine.block_manager
     first_token: dict[str, float] = {}
     timings: dict[str, RequestTiming] = {}
@@ -18,7 +29,7 @@ def run_engine(engine: LLMEngine, requests: list[BenchRequest], label: str) -> R
         now = time.perf_counter() - start
         while next_request < len(requests) and requests[next_request].arrival <= now:
             request = requests[next_request]
-            params = SamplingParams(temperature=0, max_tokens=request.output_len, ignore_eos=True)
+            params = params_for(request, next_request)
             engine.add_request(str(next_request), request.prompt_token_ids, params)
             next_request += 1
         if not engine.has_unfinished_requests():

@@ -43,6 +43,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="--batch-mix: the batch runner's window of unfinished lines",
     )
+    parser.add_argument(
+        "--structured",
+        action="store_true",
+        help="the burst workload with every other request constrained by a JSON Schema, "
+        "against it unconstrained: throughput ratio and grammar-mask cost per step",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")
     parser.add_argument("--max-num-seqs", type=int, default=64)

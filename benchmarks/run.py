@@ -100,6 +100,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         return run_batch_mix(folder, flags, args.model, tokenizer, args.seed, window, console)
     if args.fleet:
         return _fleet_benchmark(args, workloads, folder, tokenizer, console)
+    if args.structured:
+        return _structured_benchmark(args, folder, tokenizer, console)
     baselines = _split(args.baselines, BASELINE_BATCH)
     dtypes = _split(args.dtypes or "float32,bfloat16", DTYPES)
     engines = {}
@@ -144,6 +146,29 @@ def run_benchmark(args: argparse.Namespace) -> int:
             best = max(r.output_tokens_per_s for r in rows if r.system.startswith("genfleet"))
             rate = poisson_rate(best)
     return 0
+
+
+def _structured_benchmark(
+    args: argparse.Namespace, folder: Path, tokenizer: PreTrainedTokenizerBase, console: Console
+) -> int:
+    from benchmarks.structured import run_structured
+
+    dtypes = _split(args.dtypes, DTYPES) if args.dtypes else ["auto"]
+    if len(dtypes) != 1:
+        raise ValueError("--structured runs one dtype: pass --dtypes with one of them")
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(folder),
+            dtype=dtypes[0],  # auto: the worker's choice for this hardware
+            device=args.device,
+            enforce_eager=args.enforce_eager,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            seed=args.seed,
+        )
+    )
+    warm(engine)
+    return run_structured(engine, make_workload("burst", tokenizer, args.seed), console)
 
 
 def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings":

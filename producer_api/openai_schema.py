@@ -3,19 +3,29 @@
 Field names, bounds and defaults are OpenAI's; the extra sampling fields that
 vLLM accepts (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
 ``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``, ``priority``) are
-accepted too, e.g. through the openai client's ``extra_body``. Fields this
-fleet does not implement (tools, response formats) are ignored, as unknown
-fields are.
+accepted too, e.g. through the openai client's ``extra_body``. Constraints on
+the output come as OpenAI's ``response_format``, vLLM's ``structured_outputs``
+or vLLM's older ``guided_json``/``guided_regex``/``guided_choice``/
+``guided_grammar``: one at a time. Fields this fleet does not implement
+(tools) are ignored, as unknown fields are.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
-from queue_schemas import ChatMessage, SamplingOptions
+from queue_schemas import ChatMessage, SamplingOptions, StructuredOutputs
 from queue_schemas.bounds import (
     INT64_MIN,
+    MAX_CHOICE_OPTIONS,
     MAX_MESSAGES,
     MAX_STOP_STRINGS,
     MinTokens,
@@ -28,6 +38,7 @@ from queue_schemas.bounds import (
     TopK,
     TopLogprobs,
 )
+from queue_schemas.structured import check_json_schema
 
 MAX_CHOICES = 16
 # Prompts in one completions request (each is n jobs; the tenant's limits apply too).
@@ -36,6 +47,47 @@ MAX_PROMPTS = 256
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    # Accepted as OpenAI has it; the output follows the schema either way.
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        return check_json_schema(schema)
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object")
+        return self
+
+    def constraint(self) -> StructuredOutputs | None:
+        if self.type == "json_object":
+            return StructuredOutputs(json_object=True)
+        if self.type == "json_schema" and self.json_schema is not None:
+            return StructuredOutputs(json=self.json_schema.schema_)
+        return None
+
+
+GuidedChoice = Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICE_OPTIONS)]
+# vLLM's older names for the fields of structured_outputs.
+GUIDED_FIELDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 
 
 class TextPart(BaseModel):
@@ -82,6 +134,46 @@ class GenerationRequest(BaseModel):
     stop_token_ids: StopTokenIds | None = None
     skip_special_tokens: bool = True
     priority: Priority = 0
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: Annotated[str, Field(min_length=1)] | None = None
+    guided_choice: GuidedChoice | None = None
+    guided_grammar: Annotated[str, Field(min_length=1)] | None = None
+
+    @field_validator("guided_json")
+    @classmethod
+    def _valid_guided_json(cls, schema: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        return None if schema is None else check_json_schema(schema)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> "GenerationRequest":
+        given = self._constraint_fields()
+        if len(given) > 1:
+            raise ValueError(
+                f"give one output constraint; got {', '.join(given)}: response_format, "
+                f"structured_outputs and {', '.join(GUIDED_FIELDS)} exclude each other"
+            )
+        return self
+
+    def _constraint_fields(self) -> list[str]:
+        names = ["structured_outputs", *GUIDED_FIELDS]
+        given = [name for name in names if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            given.insert(0, "response_format")
+        return given
+
+    def constraint(self) -> StructuredOutputs | None:
+        """The one output constraint, whichever field it came in."""
+        if self.response_format is not None and self.response_format.type != "text":
+            return self.response_format.constraint()
+        if self.structured_outputs is not None:
+            return self.structured_outputs
+        for name, kind in GUIDED_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                return StructuredOutputs.model_validate({kind: value})
+        return None
 
     @model_validator(mode="after")
     def _sampling_is_valid(self) -> "GenerationRequest":
@@ -126,6 +218,7 @@ class GenerationRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             logprobs=self.top_logprobs_wanted(),
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.constraint(),
         )
 
 

@@ -5,7 +5,7 @@ Imported by both the producer API and the workers; imports neither. See
 Kafka client, and how versions evolve.
 """
 
-from queue_schemas.jobs import ChatMessage, JobRequest, SamplingOptions
+from queue_schemas.jobs import ChatMessage, JobRequest, SamplingOptions, StructuredOutputs
 from queue_schemas.messages import (
     CancelJob,
     DeadLetter,
@@ -31,6 +31,7 @@ __all__ = [
     "JobStatus",
     "Names",
     "SamplingOptions",
+    "StructuredOutputs",
     "TokenEvent",
     "UnsupportedVersion",
     "Usage",

@@ -29,6 +29,9 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 MAX_MESSAGES = 4096
+# A `choice` constraint: how many strings, and how long each.
+MAX_CHOICE_OPTIONS = 1024
+MAX_CHOICE_OPTION_CHARS = 4096
 # Largest HTTP body, and so largest job record a producer of ours writes; a worker
 # accepts records this size plus room for the fields the API adds.
 MAX_BODY_BYTES = 1_048_576

@@ -1,7 +1,7 @@
 """The job a client asks for: what producers put on the jobs topic."""
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,9 +20,15 @@ from queue_schemas.bounds import (
     TopK,
     TopLogprobs,
 )
-from queue_schemas.versioning import SCHEMA_VERSION, WireModel, check_version
+from queue_schemas.structured import StructuredOutputs
+from queue_schemas.versioning import (
+    SCHEMA_VERSION,
+    STRUCTURED_OUTPUTS_VERSION,
+    WireModel,
+    check_version,
+)
 
-__all__ = ["ChatMessage", "JobId", "JobRequest", "SamplingOptions"]
+__all__ = ["ChatMessage", "JobId", "JobRequest", "SamplingOptions", "StructuredOutputs"]
 
 
 class ChatMessage(WireModel):
@@ -50,6 +56,9 @@ class SamplingOptions(WireModel):
     ignore_eos: bool = False
     logprobs: TopLogprobs | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None, description="constrain the output (needs schema_version 2)"
+    )
 
     @model_validator(mode="after")
     def _min_within_max(self) -> "SamplingOptions":
@@ -63,7 +72,10 @@ class SamplingOptions(WireModel):
 class JobRequest(WireModel):
     """One generation job. Exactly one of ``prompt``, ``prompt_token_ids``, ``messages``."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = Field(
+        default=SCHEMA_VERSION,
+        description="1; 2 for a job with sampling.structured_outputs (the default then)",
+    )
     job_id: JobId
     tenant: TenantName = "default"
     prompt: str | None = None
@@ -77,11 +89,39 @@ class JobRequest(WireModel):
     deadline: datetime | None = Field(default=None, description="not started after this: failed")
     created_at: datetime | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _version_of_its_meaning(cls, data: Any) -> Any:
+        """Without a version given, a constrained job is written at the version that
+        carries the constraint."""
+        if isinstance(data, dict) and "schema_version" not in data:
+            sampling = data.get("sampling")
+            constrained = (
+                sampling.structured_outputs is not None
+                if isinstance(sampling, SamplingOptions)
+                else isinstance(sampling, dict) and sampling.get("structured_outputs") is not None
+            )
+            if constrained:
+                return {**data, "schema_version": STRUCTURED_OUTPUTS_VERSION}
+        return data
+
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, version: int) -> int:
         check_version(version)
         return version
+
+    @model_validator(mode="after")
+    def _constraint_needs_its_version(self) -> "JobRequest":
+        if self.sampling.structured_outputs is not None and (
+            self.schema_version < STRUCTURED_OUTPUTS_VERSION
+        ):
+            raise ValueError(
+                f"sampling.structured_outputs needs schema_version "
+                f"{STRUCTURED_OUTPUTS_VERSION} (a reader of version {self.schema_version} "
+                "would ignore the constraint)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "JobRequest":

@@ -7,12 +7,20 @@ field it does not use. A change that would make an old reader wrong (a
 removed or renamed field, a new meaning) bumps the version; a reader refuses
 versions it does not support, and a worker sends such a job to the
 dead-letter topic with that reason.
+
+A message is written at the lowest version that carries its meaning, so
+readers that know only version 1 go on reading everything they can serve:
+
+- 1: every message.
+- 2: a job constrained by ``sampling.structured_outputs``. A version-1 reader
+  would ignore the constraint and generate free text; it refuses the job instead.
 """
 
 from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+STRUCTURED_OUTPUTS_VERSION = 2
+SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION, STRUCTURED_OUTPUTS_VERSION})
 
 
 class UnsupportedVersion(ValueError):

@@ -21,6 +21,7 @@ from worker.sampler import sample
 from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
+from worker.structured_output import Grammars
 
 Prompt = str | list[int] | dict
 log = logging.getLogger("genfleet.engine")
@@ -63,6 +64,14 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.tokenizer = load_tokenizer(folder)
         self.eos_token_ids = eos_token_ids(folder, self.tokenizer)
+        self.grammars = (
+            None
+            if self.tokenizer is None
+            else Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        )
+        # Grammar masks: seconds spent and steps that had any (the bench reports the cost).
+        self.mask_seconds = 0.0
+        self.masked_steps = 0
         self.runner = ModelRunner(config, model, self.max_model_len)
         log.info(describe(self.runner.num_blocks, config.block_size, self.max_model_len))
         self.block_manager = BlockManager(
@@ -103,6 +112,8 @@ class LLMEngine:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model folder has none")
+        if params.structured_outputs is not None and self.grammars is None:
+            raise ValueError("structured outputs need a tokenizer; this model folder has none")
         longest = min(
             len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len
         )
@@ -123,10 +134,16 @@ class LLMEngine:
         priority: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; raises ValueError naming the problem, leaving the engine as it was."""
+        """Queue a request; raises ValueError naming the problem, leaving the engine as it was.
+        A constrained request's grammar is compiled here unless it is cached (the worker's
+        engine process compiles in the background first, so its steps never wait)."""
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
         self._validate(request_id, token_ids, params)
+        constraint = None
+        if params.structured_outputs is not None:
+            assert self.grammars is not None  # _validate checked
+            constraint = self.grammars.state(params.structured_outputs)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
@@ -144,6 +161,7 @@ class LLMEngine:
             arrival_time=arrival_time or time.time(),
             detokenizer=detokenizer,
             generator=generator,
+            constraint=constraint,
         )
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -176,6 +194,9 @@ class LLMEngine:
             if seq.num_computed_tokens + n == seq.num_tokens
         ]
         result = sample(logits, sampling)
+        if result.mask_seconds:
+            self.mask_seconds += result.mask_seconds
+            self.masked_steps += 1
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.block_manager.register_computed_blocks(seq)

@@ -3,12 +3,19 @@
 Stop strings are cut from the text, and while a request runs we hold back
 the last ``len(longest stop string) - 1`` characters so a stream never shows
 the beginning of a stop string that the next token completes.
+
+A constrained request also stops when its grammar has ended (its matcher took
+a stop token where the grammar may end), whatever ``min_tokens`` or
+``ignore_eos`` ask: nothing can follow a complete output.
 """
 
+import logging
 import time
 
 from worker.outputs import FinishReason
 from worker.sequence import Sequence
+
+log = logging.getLogger("genfleet.engine")
 
 
 def _find_stop_string(seq: Sequence, new_text_len: int) -> str | None:
@@ -27,6 +34,8 @@ def _stop_reason(
     seq: Sequence, token_id: int, new_text_len: int, eos_token_ids: set[int], max_model_len: int
 ) -> tuple[FinishReason, int | str | None] | None:
     params = seq.params
+    if seq.constraint is not None and seq.constraint.terminated:
+        return "stop", None
     if seq.num_output_tokens >= params.min_tokens:
         if not params.ignore_eos and token_id in eos_token_ids:
             return "stop", None
@@ -58,7 +67,13 @@ def append_token(
         seq.first_token_time = now
     new_text = seq.detokenizer.push(token_id) if seq.detokenizer else ""
     seq.output_text += new_text
-    stop = _stop_reason(seq, token_id, len(new_text), eos_token_ids, max_model_len)
+    if seq.constraint is not None and not seq.constraint.accept(token_id):
+        # The mask allows only what the grammar accepts; should that ever fail, the
+        # request ends here rather than go on outside its grammar.
+        log.error("request %s: token %d is outside its grammar", seq.request_id, token_id)
+        stop: tuple[FinishReason, int | str | None] | None = ("stop", None)
+    else:
+        stop = _stop_reason(seq, token_id, len(new_text), eos_token_ids, max_model_len)
     if stop is None:
         return False
     seq.finish_reason, seq.stop_reason = stop

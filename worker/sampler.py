@@ -11,11 +11,13 @@ requests on the host, and the sampled ids (with their logprobs, when asked)
 come back in one copy.
 """
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from worker.sequence import Sequence
+from worker.structured_output import apply_masks
 
 
 @dataclass
@@ -23,6 +25,8 @@ class SampleResult:
     token_ids: list[int]
     # Per row: {token id: logprob} for the sampled token and the top alternatives.
     logprobs: list[dict[int, float] | None]
+    # Time spent filling and applying grammar masks (0 without constrained rows).
+    mask_seconds: float = 0.0
 
 
 def _to_device(values: list, device: torch.device) -> torch.Tensor:
@@ -116,8 +120,13 @@ def _to_host(raw_logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tenso
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-    """Pick the next token of each row; logprobs are of the model's raw distribution."""
+    """Pick the next token of each row; logprobs are of the model's raw distribution.
+    A constrained row picks among what its grammar allows: the mask comes first, so
+    penalties, temperature and top-k/p act inside the allowed set."""
     raw_logits = logits
+    began = time.perf_counter()
+    logits = apply_masks(logits, seqs)
+    mask_seconds = time.perf_counter() - began if logits is not raw_logits else 0.0
     if any(s.params.uses_penalties for s in seqs):
         logits = apply_penalties(logits, seqs)
     tokens = logits.argmax(dim=-1)
@@ -129,4 +138,6 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         probs = _filter(logits / temperature[:, None], seqs).softmax(dim=-1)
         sampled = (probs / _exponential_noise(probs, seqs)).argmax(dim=-1)
         tokens = torch.where(greedy, tokens, sampled)
-    return _to_host(raw_logits, seqs, tokens)
+    result = _to_host(raw_logits, seqs, tokens)
+    result.mask_seconds = mask_seconds
+    return result

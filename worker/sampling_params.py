@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from queue_schemas.bounds import INT32_MAX, INT64_MAX, INT64_MIN
+from queue_schemas.structured import StructuredOutputs
 
 # A temperature below this is treated as greedy decoding.
 GREEDY_TEMPERATURE = 1e-5
@@ -14,7 +15,9 @@ class SamplingParams:
 
     ``top_k`` of 0 or -1 disables top-k; ``temperature`` of 0 is greedy.
     ``logprobs`` asks for the sampled token's logprob plus that many top
-    alternatives (0 = only the sampled one, None = none).
+    alternatives (0 = only the sampled one, None = none). ``structured_outputs``
+    constrains the output to a JSON Schema, any JSON object, a regex, a choice or an
+    EBNF grammar (a ``StructuredOutputs``, or its fields as a dict).
     """
 
     temperature: float = 1.0
@@ -32,8 +35,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputs.model_validate(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)

@@ -9,6 +9,7 @@ import torch
 from worker.detokenizer import IncrementalDetokenizer
 from worker.outputs import FinishReason
 from worker.sampling_params import SamplingParams
+from worker.structured_output import GrammarState
 
 
 class SequenceStatus(enum.Enum):
@@ -34,6 +35,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.time)
     detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None
+    constraint: GrammarState | None = None
 
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0

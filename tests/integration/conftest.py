@@ -8,6 +8,8 @@ import pytest
 from genfleet.local_services import LocalService, local_services
 from genfleet.processes import ApiProcess, FleetProcess
 
+MODEL = "SmolLM2-135M-Instruct"
+
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[tuple[LocalService, LocalService]]:
@@ -61,3 +63,17 @@ def start_api(services, prefix, tmp_path):
     yield start
     for api in apis:
         api.stop()
+
+
+@pytest.fixture
+def smollm2_fleet(services, smollm2_path, start_api, prefix, tmp_path):
+    """A SmolLM2 worker and the API in front of it, on this test's topics."""
+    kafka, redis = services
+    worker = FleetProcess(
+        "worker",
+        ["--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
+         "--topic-prefix", prefix, "--jobs-partitions", "2", "--model", str(smollm2_path)],
+        tmp_path / "worker.log",
+    )  # fmt: skip
+    yield start_api("--model", MODEL)
+    worker.stop()

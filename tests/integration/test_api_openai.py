@@ -4,29 +4,13 @@ schema-driven fuzz run of the whole API."""
 import os
 
 import hypothesis
-import pytest
 import requests
 import schemathesis
 from openai import OpenAI
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from genfleet.processes import FleetProcess
-
-MODEL = "SmolLM2-135M-Instruct"
-
-
-@pytest.fixture
-def smollm2_fleet(services, smollm2_path, start_api, prefix, tmp_path):
-    kafka, redis = services
-    worker = FleetProcess(
-        "worker",
-        ["--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
-         "--topic-prefix", prefix, "--jobs-partitions", "2", "--model", str(smollm2_path)],
-        tmp_path / "worker.log",
-    )  # fmt: skip
-    yield start_api("--model", MODEL)
-    worker.stop()
+from tests.integration.conftest import MODEL
 
 
 def test_openai_client_chat_whole_and_streamed_agree(smollm2_fleet) -> None:

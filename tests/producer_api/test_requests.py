@@ -118,3 +118,58 @@ def test_without_keys_the_api_listens_on_loopback_only() -> None:
 
     assert listen_address(ApiSettings(host="0.0.0.0", api_keys="")) == "127.0.0.1"
     assert listen_address(ApiSettings(host="0.0.0.0", api_keys="k=alice")) == "0.0.0.0"
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+NAMED_SCHEMA = {"name": "x", "schema": SCHEMA, "strict": True}
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": NAMED_SCHEMA}}, "json"),
+        ({"response_format": {"type": "json_object"}}, "json_object"),
+        ({"structured_outputs": {"regex": r"\d+"}}, "regex"),
+        ({"structured_outputs": {"json": SCHEMA}}, "json"),
+        ({"guided_json": SCHEMA}, "json"),
+        ({"guided_json": json.dumps(SCHEMA)}, "json"),
+        ({"guided_regex": "a+"}, "regex"),
+        ({"guided_choice": ["yes", "no"]}, "choice"),
+        ({"guided_grammar": 'root ::= "a"'}, "grammar"),
+    ],
+)  # fmt: skip
+def test_every_way_to_ask_for_a_constraint_becomes_the_jobs_constraint(fields, kind) -> None:
+    for request in (_chat(**fields), CompletionRequest(prompt="x", **fields)):
+        constraint = request.sampling(0).structured_outputs
+        assert constraint is not None and constraint.kind == kind
+    if kind == "json":
+        assert _chat(**fields).sampling(0).structured_outputs.json_schema == SCHEMA
+
+
+def test_a_text_response_format_or_none_leaves_the_output_free() -> None:
+    assert _chat(response_format={"type": "text"}).sampling(0).structured_outputs is None
+    assert _chat().sampling(0).structured_outputs is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+         ("response_format", "json_schema", "schema")),
+        ({"guided_json": {"required": "n"}}, ("guided_json",)),
+        ({"structured_outputs": {"json": {"type": "nope"}}}, ("structured_outputs", "json")),
+        ({"response_format": {"type": "json_schema"}}, ("response_format",)),
+        ({"response_format": {"type": "yaml"}}, ("response_format", "type")),
+    ],
+)  # fmt: skip
+def test_an_invalid_constraint_is_refused_naming_its_field(fields, where) -> None:
+    with pytest.raises(ValidationError) as caught:
+        _chat(**fields)
+    assert tuple(caught.value.errors()[0]["loc"][: len(where)]) == where
+
+
+def test_two_constraints_at_once_are_refused_naming_both() -> None:
+    with pytest.raises(ValidationError, match="got response_format, guided_regex"):
+        _chat(response_format={"type": "json_object"}, guided_regex="a")
+    with pytest.raises(ValidationError, match="got structured_outputs, guided_choice"):
+        CompletionRequest(prompt="x", structured_outputs={"regex": "a"}, guided_choice=["a"])

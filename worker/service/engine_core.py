@@ -5,6 +5,9 @@ and the GIL are the engine's alone (the service's Redis and Kafka I/O lives in
 the parent). A reader thread takes commands off the pipe into a queue; the
 main thread applies every queued command between two steps, waits for one only
 when it has nothing to run, and sends each step's outputs back in one frame.
+A constrained request whose grammar is not compiled yet is compiled on a
+background thread first, and added (or refused with the compiler's reason)
+when that is done: the request waits, the running batch does not.
 
 It ends on ``Stop``, when the service's end of the pipe closes (the service
 died), or on a failure, which it reports as ``Failed`` before exiting 1.
@@ -20,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from queue_schemas.logs import configure_logging
@@ -50,6 +54,13 @@ from worker.service.settings import WorkerSettings
 log = logging.getLogger("genfleet.engine")
 
 
+@dataclass
+class Compiled:
+    """On the inbox: the grammar an add waited for is compiled (or failed to)."""
+
+    add: Add
+
+
 class EngineCore:
     def __init__(self, engine: LLMEngine, conn: Connection) -> None:
         self.engine = engine
@@ -58,8 +69,10 @@ class EngineCore:
         self.max_prompt_bytes = (
             None if tokenizer is None else engine.max_model_len * longest_token_bytes(tokenizer)
         )
-        self.inbox: queue.Queue[Command] = queue.Queue()
+        self.inbox: queue.Queue[Command | Compiled] = queue.Queue()
         self.applied = 0
+        # Adds waiting for their grammar: whether an abort came for them meanwhile.
+        self._compiling: dict[str, bool] = {}
         # Requests that asked for logprobs: whether their token texts skip special tokens.
         self._texts_for: dict[str, bool] = {}
 
@@ -120,11 +133,27 @@ class EngineCore:
             pool.prefix_cache_hits,
         )
 
-    def apply(self, command: Add | Abort) -> None:
+    def apply(self, command: Add | Abort | Compiled) -> None:
+        if isinstance(command, Compiled):
+            self._add(command.add)
+            return
         self.applied += 1
         if isinstance(command, Abort):
+            if command.request_id in self._compiling:
+                self._compiling[command.request_id] = True
             self.engine.abort_request(command.request_id)
             return
+        constraint = command.params.structured_outputs
+        grammars = self.engine.grammars
+        if constraint is not None and grammars is not None and not grammars.is_cached(constraint):
+            self._compiling[command.request_id] = False
+            compiling = grammars.compile_in_background(constraint)
+            compiling.add_done_callback(lambda _: self.inbox.put(Compiled(command)))
+            return
+        self._add(command)
+
+    def _add(self, command: Add) -> None:
+        aborted = self._compiling.pop(command.request_id, False)
         try:
             prompt = engine_prompt(command.job, self.engine.tokenizer, self.max_prompt_bytes)
             self.engine.add_request(
@@ -140,6 +169,8 @@ class EngineCore:
         if command.params.logprobs is not None:
             self._texts_for[command.request_id] = command.params.skip_special_tokens
         self.send(Accepted(command.request_id))
+        if aborted:  # its final delta (abort) comes with the next step, as for any abort
+            self.engine.abort_request(command.request_id)
 
     def _token_texts(self, delta: RequestDelta) -> dict[int, str] | None:
         skip = (

@@ -86,4 +86,7 @@ def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
 
 
 def sampling_params(job: JobRequest) -> SamplingParams:
-    return SamplingParams(**job.sampling.model_dump())
+    options = job.sampling
+    # The constraint is passed as the validated model: its schema was checked on parsing.
+    fields = options.model_dump(exclude={"structured_outputs"})
+    return SamplingParams(**fields, structured_outputs=options.structured_outputs)
