@@ -41,6 +41,7 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
     ]  # fmt: skip
     metrics_port = free_port()
     start_worker("--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1")
+    worker_health = f"http://127.0.0.1:{metrics_port}"
     api = start_api("--files-dir", str(files), "--model", "tiny-chat")
     runners: list[FleetProcess] = []
 
@@ -56,10 +57,24 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
         api = start_api("--files-dir", str(files), "--model", "tiny-chat", *extra)
         return _client(api)
 
-    worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-    yield BatchFleet(_client(api), start_runner, restart_api, worker_metrics)
+    # A batch's window starts at its creation: a test of it must not spend the
+    # window waiting for the worker to load its model and join the group.
+    _wait_until_ready(worker_health)
+    yield BatchFleet(_client(api), start_runner, restart_api, f"{worker_health}/metrics")
     for runner in runners:
         runner.stop()
+
+
+def _wait_until_ready(health_url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{health_url}/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # its health server is not up yet
+        assert time.monotonic() < deadline, "the worker never became ready"
+        time.sleep(0.2)
 
 
 def _client(api, retries: int = 0) -> OpenAI:
