@@ -130,3 +130,24 @@ completion_bodies = corrupted(
     ),
     (*OPENAI_FIELDS, "prompt", "echo", "suffix"),
 )
+
+# JSON Schema-like documents: keywords of the spec with schemas, extreme values or junk.
+SCHEMA_KEYWORDS = [
+    "type", "properties", "items", "required", "enum", "minimum", "maximum", "pattern",
+    "$ref", "format", "anyOf", "oneOf", "allOf", "const", "minItems", "maxItems",
+    "minLength", "maxLength", "additionalProperties", "prefixItems", "$defs",
+    "exclusiveMinimum", "multipleOf", "minProperties", "patternProperties",
+]  # fmt: skip
+_types = st.sampled_from(["object", "array", "string", "integer", "number", "boolean", "null"])
+json_schemas = st.recursive(
+    st.fixed_dictionaries({}, optional={"type": _types | st.lists(_types, max_size=3)}),
+    lambda inner: st.dictionaries(
+        st.sampled_from(SCHEMA_KEYWORDS),
+        inner
+        | json_values
+        | st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_size=4,
+    ),
+    max_leaves=10,
+)

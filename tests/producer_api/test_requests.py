@@ -173,3 +173,15 @@ def test_two_constraints_at_once_are_refused_naming_both() -> None:
         _chat(response_format={"type": "json_object"}, guided_regex="a")
     with pytest.raises(ValidationError, match="got structured_outputs, guided_choice"):
         CompletionRequest(prompt="x", structured_outputs={"regex": "a"}, guided_choice=["a"])
+
+
+def test_a_constrained_job_submission_becomes_a_version_2_job() -> None:
+    from producer_api.jobs_routes import JobSubmission
+
+    body = {"prompt": "x", "sampling": {"structured_outputs": {"json": SCHEMA}}}
+    job = JobSubmission.model_validate(body).to_job("acme")
+    assert job.schema_version == 2 and job.tenant == "acme"
+    assert job.sampling.structured_outputs is not None
+    assert job.sampling.structured_outputs.json_schema == SCHEMA
+    free = JobSubmission.model_validate({"prompt": "x"}).to_job("acme")
+    assert free.schema_version == 1

@@ -3,15 +3,21 @@ unconstrained rows are untouched, and sampling, batching and preemption keep the
 promises."""
 
 import json
+import os
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from queue_schemas import StructuredOutputs
 from tests.conftest import hf_greedy
+from tests.strategies import json_schemas, json_values
 from worker import LLM, LLMEngine, SamplingParams
 from worker.structured_output import apply_masks
 
@@ -182,3 +188,39 @@ def test_a_constraint_compiles_once_and_a_failure_is_remembered(llm: LLM, monkey
             grammars.compile(bad)
     assert builds == ["regex", "regex"]
     assert grammars.is_cached(good) and grammars.is_cached(bad)
+
+
+def test_background_compiles_run_at_the_lowest_cpu_priority(llm: LLM, monkeypatch) -> None:
+    grammars = llm.engine.grammars
+    assert grammars is not None
+    seen: list[int] = []
+    build = grammars._build
+
+    def recording_build(constraint):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return build(constraint)
+
+    monkeypatch.setattr(grammars, "_build", recording_build)
+    grammars.compile_in_background(StructuredOutputs(regex="[a-f]{7}")).result(30)
+    assert seen == [19]
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    value=json_schemas | json_values, kind=st.sampled_from(["json", "regex", "grammar", "choice"])
+)
+def test_any_constraint_a_producer_sends_is_refused_or_compiled_never_a_crash(
+    llm: LLM, value: object, kind: str
+) -> None:
+    """What the wire accepts, the compiler either compiles or refuses with a ValueError:
+    an exception of another kind (or a crash) here would take down every worker in turn."""
+    try:
+        constraint = StructuredOutputs.model_validate({kind: value})
+    except ValidationError:
+        return
+    grammars = llm.engine.grammars
+    assert grammars is not None
+    try:
+        grammars.compile(constraint)
+    except ValueError as error:
+        assert str(error).startswith(f"cannot compile the {kind}")
