@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run here, before the GPU check: what scripts/gpu_check.py needs that the GPU
 # machine lacks goes into .gpu_check/ (ignored by git, carried by the run):
-# pydantic's wheels (the wire schemas the engine imports), and SmolLM2's config
+# pydantic's and jsonschema's wheels (the wire schemas the engine imports, and
+# their check of a structured-output JSON Schema), and SmolLM2's config
 # and tokenizer files (its weights are too large to travel; the check builds
 # random weights of its architecture).
 set -euo pipefail
@@ -13,7 +14,9 @@ mkdir -p "$(dirname "$EXCLUDE")"
 grep -qx "/.gpu_check/" "$EXCLUDE" 2>/dev/null || echo /.gpu_check/ >> "$EXCLUDE"
 for spec in "pydantic==$($PY -c 'import pydantic; print(pydantic.VERSION)')" \
             "pydantic-core==$($PY -c 'import pydantic_core; print(pydantic_core.__version__)')" \
-            annotated-types typing-inspection; do
+            annotated-types typing-inspection \
+            "jsonschema==$($PY -c 'import importlib.metadata as m; print(m.version("jsonschema"))')" \
+            jsonschema-specifications referencing rpds-py; do
   $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .gpu_check/whl "$spec"
