@@ -32,7 +32,7 @@ WORDS = StructuredOutputs(
         "required": ["words"],
     }
 )
-ROUNDS = 2
+ROUNDS = 4
 
 
 def _half_constrained(request: BenchRequest, index: int) -> SamplingParams:
@@ -50,11 +50,22 @@ def run_structured(engine: LLMEngine, requests: list[BenchRequest], console: Con
     console.print(f"[dim]warm-up: the workload once, {engine.config.dtype}, not shown[/dim]")
     run_engine(engine, requests, "warm-up")
     rows: list[tuple[RunSummary, RunSummary, float]] = []
-    for round_ in range(ROUNDS):  # alternating, so drift on a shared machine hits both
-        console.print(f"[dim]round {round_ + 1}: unconstrained, then half constrained[/dim]")
-        free = run_engine(engine, requests, "unconstrained")
+    for round_ in range(ROUNDS):
+        # Each round swaps which run goes first, so drift and what the previous run
+        # left in the prefix cache fall on both.
+        masked_first = round_ % 2 == 1
+        order = (
+            "half constrained, then unconstrained"
+            if masked_first
+            else ("unconstrained, then half constrained")
+        )
+        console.print(f"[dim]round {round_ + 1}: {order}[/dim]")
+        if not masked_first:
+            free = run_engine(engine, requests, "unconstrained")
         engine.mask_seconds, engine.masked_steps = 0.0, 0
         masked = run_engine(engine, requests, "half JSON Schema", _half_constrained)
+        if masked_first:
+            free = run_engine(engine, requests, "unconstrained")
         rows.append((free, masked, engine.mask_seconds / max(1, engine.masked_steps)))
     title = f"burst: {len(requests)} requests, every other one constrained, {engine.config.dtype}"
     table = Table(title=title)

@@ -9,6 +9,9 @@ from genfleet.local_services import LocalService, local_services
 from genfleet.processes import ApiProcess, FleetProcess
 
 MODEL = "SmolLM2-135M-Instruct"
+# The tiny chat model's KV cache: the default 1 GiB is 131072 blocks of it, 2 s more of
+# every worker's start; 64 MiB (8192 blocks) holds what any test sends.
+TINY_KV_FLAGS = ("--kv-cache-memory-gib", "0.0625")
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +37,7 @@ def start_worker(services, chat_model, prefix, tmp_path):
         args = [
             "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
             "--model", str(chat_model), "--topic-prefix", prefix,
-            "--jobs-partitions", "4", *extra,
+            "--jobs-partitions", "4", *TINY_KV_FLAGS, *extra,
         ]  # fmt: skip
         worker = FleetProcess("worker", args, tmp_path / f"worker-{len(workers)}.log", env)
         workers.append(worker)

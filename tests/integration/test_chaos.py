@@ -13,8 +13,9 @@ import pytest
 
 from genfleet.chaos import scenarios
 from genfleet.local_fleet import LocalFleet, local_fleet
+from tests.integration.conftest import TINY_KV_FLAGS
 
-WORKER_FLAGS = ("--jobs-partitions", "4", "--result-confirm-grace-s", "5")
+WORKER_FLAGS = ("--jobs-partitions", "4", "--result-confirm-grace-s", "5", *TINY_KV_FLAGS)
 
 
 @pytest.fixture
