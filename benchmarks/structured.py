@@ -42,6 +42,17 @@ def _half_constrained(request: BenchRequest, index: int) -> SamplingParams:
     return params
 
 
+def _free_run(engine: LLMEngine, requests: list[BenchRequest]) -> RunSummary:
+    return run_engine(engine, requests, "unconstrained")
+
+
+def _masked_run(engine: LLMEngine, requests: list[BenchRequest]) -> tuple[RunSummary, float]:
+    """The half-constrained run, and its mask seconds per step that held constrained rows."""
+    engine.mask_seconds, engine.masked_steps = 0.0, 0
+    summary = run_engine(engine, requests, "half JSON Schema", _half_constrained)
+    return summary, engine.mask_seconds / max(1, engine.masked_steps)
+
+
 def run_structured(engine: LLMEngine, requests: list[BenchRequest], console: Console) -> int:
     assert engine.grammars is not None, "the benchmark's model has a tokenizer"
     began = time.perf_counter()
@@ -53,20 +64,13 @@ def run_structured(engine: LLMEngine, requests: list[BenchRequest], console: Con
     for round_ in range(ROUNDS):
         # Each round swaps which run goes first, so drift and what the previous run
         # left in the prefix cache fall on both.
-        masked_first = round_ % 2 == 1
-        order = (
-            "half constrained, then unconstrained"
-            if masked_first
-            else ("unconstrained, then half constrained")
-        )
-        console.print(f"[dim]round {round_ + 1}: {order}[/dim]")
-        if not masked_first:
-            free = run_engine(engine, requests, "unconstrained")
-        engine.mask_seconds, engine.masked_steps = 0.0, 0
-        masked = run_engine(engine, requests, "half JSON Schema", _half_constrained)
-        if masked_first:
-            free = run_engine(engine, requests, "unconstrained")
-        rows.append((free, masked, engine.mask_seconds / max(1, engine.masked_steps)))
+        if round_ % 2:
+            console.print(f"[dim]round {round_ + 1}: half constrained, then unconstrained[/dim]")
+            (masked, mask_s), free = _masked_run(engine, requests), _free_run(engine, requests)
+        else:
+            console.print(f"[dim]round {round_ + 1}: unconstrained, then half constrained[/dim]")
+            free, (masked, mask_s) = _free_run(engine, requests), _masked_run(engine, requests)
+        rows.append((free, masked, mask_s))
     title = f"burst: {len(requests)} requests, every other one constrained, {engine.config.dtype}"
     table = Table(title=title)
     for column in ("round", "unconstrained tok/s", "constrained tok/s", "ratio", "mask ms/step"):
