@@ -1,8 +1,6 @@
 """The official ``openai`` client, unchanged, against the API and a SmolLM2 worker; and a
 schema-driven fuzz run of the whole API."""
 
-import os
-
 import hypothesis
 import requests
 import schemathesis
@@ -11,6 +9,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from tests.integration.conftest import MODEL
+from tests.slow import SLOW
 
 
 def test_openai_client_chat_whole_and_streamed_agree(smollm2_fleet) -> None:
@@ -55,8 +54,6 @@ def test_openai_client_chat_whole_and_streamed_agree(smollm2_fleet) -> None:
 
 
 REQUEST_TIMEOUT_S = 3
-# A fixed seed keeps CI repeatable; GENFLEET_SLOW_TESTS=1 runs more, fresh examples.
-SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
 
 
 def test_fuzzing_the_openapi_schema_finds_no_server_error(start_api) -> None:
@@ -85,7 +82,7 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error(start_api) -> None:
                     failures.append(f"{case.method} {case.formatted_path}: {response.text}")
                 case.validate_response(response, checks=[not_a_server_error])
 
-            try:
+            try:  # a fixed seed keeps CI repeatable; slow runs see fresh examples
                 (run if SLOW else hypothesis.seed(0)(run))()
             except hypothesis.errors.Unsatisfiable:
                 # No invalid input exists for an operation without parameters or body.

@@ -16,10 +16,10 @@ pytest.importorskip("triton")
 
 from kernels import reference, triton_ops
 from tests.kernels.paged_cases import dense_attention, make_case
+from tests.slow import SLOW
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 

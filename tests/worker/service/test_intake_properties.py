@@ -3,7 +3,6 @@ from bytes to engine either refuses it with a reason or serves it, and the engin
 goes on serving the next request."""
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from producer_api.openai_routes import jobs_for
 from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest
 from queue_schemas import JobRequest
 from queue_schemas.bounds import MAX_RECORD_BYTES
+from tests.slow import SLOW
 from tests.strategies import chat_bodies, completion_bodies, job_records, json_values
 from worker import SamplingParams
 from worker.config import EngineConfig
@@ -23,7 +23,6 @@ from worker.engine import LLMEngine
 from worker.service.intake import Rejected, parse_job, sampling_params
 from worker.service.job_prompts import engine_prompt, longest_token_bytes
 
-SLOW = os.environ.get("GENFLEET_SLOW_TESTS") == "1"
 SETTINGS = hypothesis.settings(
     max_examples=400 if SLOW else 150,
     deadline=None,
