@@ -11,6 +11,7 @@ intake), the engine (queue and prefill), and getting back (Redis, API, SSE).
 """
 
 import asyncio
+import json
 import statistics
 import tempfile
 import time
@@ -69,6 +70,7 @@ def worker_flags(settings: "WorkerSettings") -> list[str]:
         "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
         # The bench's whole workload is waiting at once in a burst.
         "--max-waiting", "256",
+        "--stream-interval", str(settings.stream_interval),
     ]  # fmt: skip
     return flags + ["--enforce-eager"] * settings.enforce_eager
 
@@ -76,9 +78,13 @@ def worker_flags(settings: "WorkerSettings") -> list[str]:
 async def stream_completion(
     client: "AsyncOpenAI", model: str, request: BenchRequest, start: float
 ) -> FleetRequest:
+    """One streamed completion. The official client makes the request; its chunks are
+    read as plain JSON lines, as load generators do (vLLM's serving benchmark too), so
+    that building a typed object per token does not take the fleet's cores."""
     await asyncio.sleep(max(0.0, start + request.arrival - time.time()))
     sent_at = start + request.arrival  # latency counts from the arrival, as offline
-    stream = await client.completions.create(
+    first, tokens, run_id = None, 0, ""
+    async with client.completions.with_streaming_response.create(
         model=model,
         prompt=request.prompt_token_ids,
         max_tokens=request.output_len,
@@ -86,14 +92,16 @@ async def stream_completion(
         stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
-    )
-    first, tokens, run_id = None, 0, ""
-    async for chunk in stream:
-        run_id = chunk.id
-        if chunk.choices and first is None:
-            first = time.time()
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
+    ) as response:
+        async for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue  # keep-alive comments, blank lines, [DONE]
+            chunk = json.loads(line[len("data: ") :])
+            run_id = chunk["id"]
+            if chunk["choices"] and first is None:
+                first = time.time()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
     done = time.time()
     return FleetRequest(sent_at, first or done, done, tokens, f"{run_id}-0")
 
@@ -122,13 +130,10 @@ def _seconds(moment: datetime | None) -> float:
 
 
 async def _run(
-    url: str, bootstrap: str, names: Names, model: str, requests: list[BenchRequest]
+    client: "AsyncOpenAI", bootstrap: str, names: Names, model: str, requests: list[BenchRequest]
 ) -> FleetRun:
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
-        start = time.time() + 0.2
-        seen = await asyncio.gather(*(stream_completion(client, model, r, start) for r in requests))
+    start = time.time() + 0.2
+    seen = await asyncio.gather(*(stream_completion(client, model, r, start) for r in requests))
     results = await _results(bootstrap, names, {r.job_id for r in seen})
     timings = [
         RequestTiming(r.sent_at - start, r.first_chunk_at - start, r.done_at - start,
@@ -157,13 +162,20 @@ def run_fleet(
         api = fleet.start_api("--model", served_name)
         fleet.wait_until_serving()
         names = Names(fleet.prefix)
-        warmup = [BenchRequest(0.0, [1] * 64, 4)]
+        # Concurrent, so the client's pool holds a connection for each request of a
+        # burst: a real client keeps its connections, and offline there are none to open.
+        concurrency = max(len(requests) for requests in workloads.values())
+        warmup = [BenchRequest(0.0, [1] * 64, 4)] * concurrency
 
         async def all_workloads() -> dict[str, FleetRun]:
-            await _run(api.url, fleet.kafka.address, names, served_name, warmup)
-            return {
-                name: await _run(api.url, fleet.kafka.address, names, served_name, requests)
-                for name, requests in workloads.items()
-            }
+            from openai import AsyncOpenAI
+
+            base_url = f"{api.url}/v1"
+            async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+                await _run(client, fleet.kafka.address, names, served_name, warmup)
+                return {
+                    name: await _run(client, fleet.kafka.address, names, served_name, requests)
+                    for name, requests in workloads.items()
+                }
 
         return asyncio.run(asyncio.wait_for(all_workloads(), FLEET_TIMEOUT_S))

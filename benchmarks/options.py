@@ -29,6 +29,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto, cpu, cuda or cuda:N: the engine's and the transformers baselines' device",
     )
     parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="--fleet: the worker's tokens per published event after a job's first",
+    )
+    parser.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
     )
     parser.add_argument(

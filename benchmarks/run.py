@@ -185,6 +185,7 @@ def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings"
         enforce_eager=args.enforce_eager,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        stream_interval=args.stream_interval,
     )
 
 

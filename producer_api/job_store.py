@@ -53,9 +53,9 @@ class EventCursor:
     def is_new(self, event: JobEvent) -> bool:
         if isinstance(event, JobResult):
             return True
-        if event.token_index <= self.last_index:
+        if event.last_index <= self.last_index:
             return False
-        self.last_index = event.token_index
+        self.last_index = event.last_index
         return True
 
 
@@ -133,7 +133,8 @@ class JobStore:
                                 return
                         try:
                             while True:
-                                payload = await asyncio.wait_for(live.get(), RECHECK_S)
+                                async with asyncio.timeout(RECHECK_S):  # no task per token
+                                    payload = await live.get()
                                 event = read_event(payload)
                                 if cursor.is_new(event):
                                     yield event

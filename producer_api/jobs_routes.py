@@ -108,7 +108,7 @@ async def job_events(
         int | None, Header(ge=-1, description="resume after this token index")
     ] = None,
 ) -> EventSourceResponse:
-    """``token`` events (``id`` = index of the event's first token), then one final event
+    """``token`` events (``id`` = index of the event's last token), then one final event
     named after the job's status (``completed``, ``failed``, ``cancelled``) with the
     ``JobResult``. Reconnect with ``Last-Event-ID`` to get exactly the events after it."""
     await fleet.store.state(job_id, tenant.tenant)
@@ -123,7 +123,7 @@ async def job_events(
                         event.model_dump_json(), event=event.status.value, id=str(last + 1)
                     )
                 else:
-                    last = event.token_index
+                    last = event.last_index
                     yield ServerSentEvent(
                         event.model_dump_json(exclude_none=True), event="token", id=str(last)
                     )

@@ -44,7 +44,8 @@ class Usage(WireModel):
 
 class TokenEvent(WireModel):
     """New tokens of one job. ``token_index`` numbers the first of them in the output,
-    so a reader that sees a token index twice (a job regenerated after a crash) drops it."""
+    so a reader that sees a token index twice (a job regenerated after a crash) drops it.
+    An event may carry several tokens (a worker's ``stream_interval``)."""
 
     kind: Literal["token"] = "token"
     job_id: JobId
@@ -57,6 +58,12 @@ class TokenEvent(WireModel):
     token_texts: dict[int, str] | None = Field(
         default=None, description="with logprobs: the text of every token id named above"
     )
+
+    @property
+    def last_index(self) -> int:
+        """The index of its last token: readers resume after it. An event that brought
+        text but no token (held-back text released at the end) counts as its index."""
+        return self.token_index + max(len(self.token_ids), 1) - 1
 
 
 class JobResult(WireModel):

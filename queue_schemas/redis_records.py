@@ -89,14 +89,20 @@ def as_text(value: bytes | str) -> str:
 
 
 def append_event(
-    pipe: "Pipeline", names: Names, tenant: str, event: JobEvent, maxlen: int, ttl_s: int
+    pipe: "Pipeline", names: Names, tenant: str, event: TokenEvent, maxlen: int, ttl_s: int
 ) -> None:
-    """PUBLISH for live readers and XADD to the capped stream for replay."""
+    """PUBLISH for live readers and XADD to the capped stream for replay.
+
+    NOTE: the stream's lifetime is set by the event that opens an attempt at the job
+    (token index 0: XADD has just made the stream) and by the job's result
+    (``FINISH_SCRIPT``), not by every event: one command in three per token less,
+    and a stream whose job never finishes still expires."""
     payload = event.model_dump_json(exclude_none=True)
     stream = names.events_stream(tenant, event.job_id)
     pipe.publish(names.events_channel(tenant, event.job_id), payload)
     pipe.xadd(stream, {EVENT_FIELD: payload}, maxlen=maxlen, approximate=True)
-    pipe.expire(stream, ttl_s)
+    if event.token_index == 0:
+        pipe.expire(stream, ttl_s)
 
 
 def _hash_fields(state: JobState) -> dict[str, str]:

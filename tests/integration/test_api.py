@@ -386,3 +386,35 @@ def test_the_api_starts_without_redis_and_answers_503(start_api) -> None:
         refused = client.post("/v1/jobs", json={"prompt": "a"})
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "4"
         assert refused.json()["error"]["code"] == "state_unavailable"
+
+
+def test_a_stream_interval_groups_tokens_and_readers_resume_exactly(
+    start_worker, start_api
+) -> None:
+    start_worker("--stream-interval", "4")
+    api = start_api()
+    with httpx.Client(base_url=api.url, timeout=120) as client:
+        job_id = submit(client, max_tokens=30)
+        first = read_events(client, job_id, stop_after=3)
+        # The first token alone, then groups ending at multiples of 4; ids name last tokens.
+        assert [len(e.token_ids) for e in first.tokens] == [1, 3, 4]
+        assert first.ids == [0, 3, 7]
+        rest = read_events(client, job_id, last_event_id=first.ids[-1])
+        assert rest.tokens[0].token_index == 8 and rest.final_event == "completed"
+        assert first.text + rest.text == rest.result.text
+        assert sum(len(e.token_ids) for e in first.tokens + rest.tokens) == 30
+        assert read_events(client, job_id).ids == first.ids + rest.ids
+
+    openai = OpenAI(base_url=f"{api.url}/v1", api_key="unused", timeout=120)
+    asked = {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": "The sea is",
+        "max_tokens": 30,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = openai.completions.create(**asked)
+    chunks = [c for c in openai.completions.create(**asked, stream=True) if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    # Far fewer chunks than tokens: 1, 3, then 4 at a time, and the closing chunk.
+    assert len(chunks) <= 2 + 30 // 4 + 1

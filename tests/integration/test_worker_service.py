@@ -224,8 +224,12 @@ def test_cancelling_a_running_job_frees_its_blocks(services, start_worker, prefi
         client = Redis.from_url(redis.address)
         try:
             await _produce(kafka.address, names.jobs_topic, [_long_job("c1", 900)])
-            while not await client.xlen(names.events_stream("default", "c1")):
+            stream = names.events_stream("default", "c1")
+            while not await client.xlen(stream):
                 await asyncio.sleep(0.05)
+            # A running job's stream already has its lifetime (its result would set it
+            # too, but a job that never finishes must not leave its stream for ever).
+            assert 0 < await client.ttl(stream) <= 86_400
             await client.set(names.cancel_key("default", "c1"), 1)
             await client.publish(names.control_channel, CancelJob(cancel="c1").model_dump_json())
             raw = await _read(kafka.address, names.results_topic, lambda values: len(values) >= 1)

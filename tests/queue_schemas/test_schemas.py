@@ -168,17 +168,22 @@ def test_events_go_live_and_to_the_capped_stream() -> None:
     from queue_schemas.redis_records import EVENT_FIELD, append_event, read_event
 
     pipe = _RecordingPipe()
-    event = TokenEvent(job_id="j", token_index=4, text="a", token_ids=[7])
-    append_event(pipe, Names("p."), "acme", event, maxlen=100, ttl_s=60)
-    (publish, (channel, payload), _), (xadd, (stream, fields), options), (expire, _, _) = (
-        pipe.commands
-    )
-    assert (publish, channel, xadd, stream, expire) == (
+    first = TokenEvent(job_id="j", token_index=0, text="a", token_ids=[7])
+    later = TokenEvent(job_id="j", token_index=4, text="b", token_ids=[8])
+    append_event(pipe, Names("p."), "acme", first, maxlen=100, ttl_s=60)
+    append_event(pipe, Names("p."), "acme", later, maxlen=100, ttl_s=60)
+    (publish, (channel, payload), _), (xadd, (stream, fields), options), *rest = pipe.commands
+    assert (publish, channel, xadd, stream) == (
         "publish",
         "p.job:acme:j:live",
         "xadd",
         "p.job:acme:j:events",
-        "expire",
     )
     assert options["maxlen"] == 100
-    assert read_event(fields[EVENT_FIELD]) == read_event(payload) == event
+    assert read_event(fields[EVENT_FIELD]) == read_event(payload) == first
+    # The event that opens an attempt gives the new stream its lifetime; later ones do not.
+    assert [(name, args) for name, args, _ in rest] == [
+        ("expire", ("p.job:acme:j:events", 60)),
+        ("publish", ("p.job:acme:j:live", later.model_dump_json(exclude_none=True))),
+        ("xadd", ("p.job:acme:j:events", {EVENT_FIELD: later.model_dump_json(exclude_none=True)})),
+    ]

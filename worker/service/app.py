@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvloop
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -488,7 +489,7 @@ class WorkerService:
                 flight = self.by_request.get(output.delta.request_id)
                 if flight is None:
                     continue  # a job dropped for another owner
-                event = token_event(flight, output)
+                event = token_event(flight, output, self.settings.stream_interval)
                 if event is not None:
                     events.append((flight.job.tenant, event))
                 if output.delta.finished:
@@ -649,7 +650,10 @@ def run_worker(settings: WorkerSettings) -> int:
     configure_logging(settings.log_format)
     service = WorkerService(settings)
     try:
-        asyncio.run(service.run())
+        # uvloop (it comes with uvicorn[standard]), as the API's uvicorn runs: every
+        # token passes this loop, and its CPU is taken from the engine's cores.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(service.run())
     except ListenError as error:
         log.error("%s", error)
         return 2

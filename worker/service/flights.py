@@ -39,7 +39,9 @@ class InFlight:
     orphaned: bool = False
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    events: list[TokenEvent] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)  # published, in order
+    # Tokens of the steps since the last published event (``wire.token_event``).
+    pending: TokenEvent | None = None
 
     @property
     def key(self) -> JobKey:

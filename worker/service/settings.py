@@ -66,6 +66,12 @@ class WorkerSettings(FleetSettings):
         60.0, gt=0, description="one engine step running this long: leave the group, exit 1"
     )
     # Output.
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="tokens per published event of a job after its first (vLLM's "
+        "--stream-interval): fewer Redis messages and SSE chunks per token",
+    )
     drain_deadline_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish jobs")
     result_confirm_grace_s: float = Field(
         15.0, gt=0, description="a result claimed this long ago and unconfirmed is resent"

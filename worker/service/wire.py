@@ -18,24 +18,54 @@ def _epoch(seconds: float | None) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC) if seconds else None
 
 
-def token_event(flight: InFlight, output: Output) -> TokenEvent | None:
-    """The event for one step's new tokens (None when the step added none); the flight
-    keeps the text, ids and events so far, for its result and for repairs."""
+def token_event(flight: InFlight, output: Output, interval: int = 1) -> TokenEvent | None:
+    """The event to publish after this step (None: nothing yet); the flight keeps the
+    text, ids and events so far, for its result and for repairs.
+
+    A job's tokens are published in groups of ``interval`` with fixed bounds
+    (``[0]``, ``[1, interval)``, then every ``interval`` tokens, and whatever is left
+    when it finishes): the first token goes at once, so the time to first token does
+    not wait, and every attempt at a job groups its tokens alike, so readers that see
+    a regenerated job drop whole events by their index.
+    """
     delta = output.delta
-    if not delta.new_token_ids and not delta.new_text:
+    if delta.new_token_ids or delta.new_text:
+        flight.text += delta.new_text
+        flight.token_ids += delta.new_token_ids
+        step = TokenEvent(
+            job_id=flight.job.job_id,
+            token_index=delta.token_index,
+            text=delta.new_text,
+            token_ids=delta.new_token_ids,
+            logprobs=delta.new_logprobs or None,
+            token_texts=output.token_texts,
+        )
+        flight.pending = step if flight.pending is None else _joined(flight.pending, step)
+    pending = flight.pending
+    if pending is None or not (delta.finished or _ends_a_group(pending, interval)):
         return None
-    flight.text += delta.new_text
-    flight.token_ids += delta.new_token_ids
-    event = TokenEvent(
-        job_id=flight.job.job_id,
-        token_index=delta.token_index,
-        text=delta.new_text,
-        token_ids=delta.new_token_ids,
-        logprobs=delta.new_logprobs or None,
-        token_texts=output.token_texts,
+    flight.pending = None
+    flight.events.append(pending)
+    return pending
+
+
+def _ends_a_group(event: TokenEvent, interval: int) -> bool:
+    past_last = event.token_index + len(event.token_ids)
+    return event.token_index == 0 or past_last // interval > event.token_index // interval
+
+
+def _joined(first: TokenEvent, then: TokenEvent) -> TokenEvent:
+    """One event with the tokens of two consecutive ones."""
+    logprobs = None if first.logprobs is None else first.logprobs + (then.logprobs or [])
+    texts = None if first.token_texts is None else {**first.token_texts, **(then.token_texts or {})}
+    return first.model_copy(
+        update={
+            "text": first.text + then.text,
+            "token_ids": first.token_ids + then.token_ids,
+            "logprobs": logprobs,
+            "token_texts": texts,
+        }
     )
-    flight.events.append(event)
-    return event
 
 
 def finished_result(flight: InFlight, output: Output, worker: str) -> JobResult:

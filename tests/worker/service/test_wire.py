@@ -62,6 +62,56 @@ def test_events_number_tokens_and_the_result_carries_them_all() -> None:
     assert result.metadata == {"k": "v"} and result.tenant == "acme"
 
 
+def _published(flight: InFlight, steps: list[Output], interval: int) -> list[tuple[int, str]]:
+    events = [token_event(flight, step, interval) for step in steps]
+    return [(e.token_index, e.text) for e in events if e is not None]
+
+
+def test_a_stream_interval_groups_tokens_within_fixed_bounds() -> None:
+    flight = _flight()
+    steps = [_output(i, [100 + i], f"t{i} ") for i in range(10)]
+    steps.append(_output(10, [110], "end", finish="stop"))
+    published = _published(flight, steps, interval=4)
+    # The first token at once; then up to each multiple of 4; the rest at the finish.
+    assert published == [
+        (0, "t0 "),
+        (1, "t1 t2 t3 "),
+        (4, "t4 t5 t6 t7 "),
+        (8, "t8 t9 end"),
+    ]
+    assert [e.token_ids for e in flight.events][-1] == [108, 109, 110]
+    assert [e.last_index for e in flight.events] == [0, 3, 7, 10]
+    assert flight.pending is None
+    assert finished_result(flight, steps[-1], "w").text == "".join(t for _, t in published)
+    # Every attempt at the job groups alike: a reader drops a regenerated event whole.
+    again = _flight()
+    assert _published(again, steps, interval=4) == published
+    # The default publishes every step.
+    assert len(_published(_flight(), steps, interval=1)) == len(steps)
+
+
+def test_an_abort_publishes_the_tokens_held_back() -> None:
+    flight = _flight()
+    steps = [_output(0, [5], "a"), _output(1, [6], "b"), _output(2, [], "", finish="abort")]
+    assert _published(flight, steps, interval=8) == [(0, "a"), (1, "b")]
+
+
+def test_grouped_events_keep_each_tokens_logprobs_and_texts() -> None:
+    flight = _flight()
+    steps = []
+    for i in range(3):
+        step = _output(i, [10 + i], f"x{i}")
+        step.delta.new_logprobs = [{10 + i: -0.5 * i}]
+        step.token_texts = {10 + i: f"x{i}"}
+        steps.append(step)
+    published = [token_event(flight, step, 4) for step in steps]
+    grouped = token_event(flight, _output(3, [], "", finish="stop"), 4)
+    assert published[0] is not None and published[1:] == [None, None] and grouped is not None
+    assert grouped.token_ids == [11, 12]
+    assert grouped.logprobs == [{11: -0.5}, {12: -1.0}]
+    assert grouped.token_texts == {11: "x1", 12: "x2"}
+
+
 def test_an_aborted_run_is_a_cancelled_result() -> None:
     flight = _flight()
     result = finished_result(flight, _output(0, [], "", finish="abort"), "w")
