@@ -105,16 +105,14 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.fixture(scope="session")
-def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def build_chat_model(folder: Path, smollm2_path: Path, context: int) -> Path:
     """A tiny random Llama that speaks through SmolLM2's tokenizer: real text, fast steps."""
-    folder = tmp_path_factory.mktemp("tiny-chat")
     build_tiny_model(
         "llama-untied",
         folder,
         vocab_size=49152,
         intermediate_size=128,
-        max_position_embeddings=1024,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         # Peaked logits: greedy choices do not hinge on rounding, so a job
         # regenerated in another batch gives the same text.
@@ -124,3 +122,15 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
         if (smollm2_path / name).is_file():
             shutil.copy(smollm2_path / name, folder / name)
     return folder
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    return build_chat_model(tmp_path_factory.mktemp("tiny-chat"), smollm2_path, context=1024)
+
+
+@pytest.fixture(scope="session")
+def long_chat_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """The chat model with room for jobs of thousands of tokens: seconds long, however
+    fast its steps, so a test can act on a job while it runs."""
+    return build_chat_model(tmp_path_factory.mktemp("tiny-chat-long"), smollm2_path, 8192)

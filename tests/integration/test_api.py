@@ -242,17 +242,38 @@ def _hang_up_cancels(api: ApiProcess) -> list[str]:
 
 
 def test_openai_request_abandoned_before_its_answer_cancels_the_job(fleet) -> None:
-    api, worker, _, _ = fleet
+    api, worker, names, redis_url = fleet
+    redis = Redis.from_url(redis_url)
     before = len(_hang_up_cancels(api))
+    unfinished = set(redis.zrange(names.tenant_jobs_key("alice"), 0, -1))
     body = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 900,
             "ignore_eos": True}  # fmt: skip
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{api.url}/v1/chat/completions", json=body, headers=auth(ALICE), timeout=1.5)
+
+    def running_job() -> str | None:
+        """The new job, once its first tokens are out (the worker is generating it)."""
+        for job_id in set(redis.zrange(names.tenant_jobs_key("alice"), 0, -1)) - unfinished:
+            if redis.xlen(names.events_stream("alice", job_id.decode())):
+                return job_id.decode()
+        return None
+
+    async def hang_up_while_running() -> str:
+        async with httpx.AsyncClient(base_url=api.url, headers=auth(ALICE)) as http:
+            asking = asyncio.create_task(http.post("/v1/chat/completions", json=body, timeout=60))
+            deadline = time.monotonic() + 30
+            while (job_id := running_job()) is None:
+                assert not asking.done(), "the job finished before the client could hang up"
+                assert time.monotonic() < deadline, "the job did not start"
+                await asyncio.sleep(0.01)
+            asking.cancel()  # closes the connection mid-request
+            await asyncio.gather(asking, return_exceptions=True)
+            return job_id
+
+    job_id = asyncio.run(hang_up_while_running())
     deadline = time.monotonic() + 30
     while len(_hang_up_cancels(api)) == before:
         assert time.monotonic() < deadline, "the API did not notice the hang-up"
         time.sleep(0.2)
-    job_id = _hang_up_cancels(api)[-1]
+    assert _hang_up_cancels(api)[-1] == job_id
     with _client(api) as client:
         result = read_events(client, job_id).result
     assert result.status is JobStatus.CANCELLED and result.usage.completion_tokens < 900

@@ -29,8 +29,9 @@ class BatchFleet:
 
 
 @pytest.fixture
-def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
-    """An API and a worker (its metrics served); runners started by the test;
+def batch_fleet(services, start_api, start_worker, long_chat_model, prefix, tmp_path):
+    """An API and a worker (its metrics served, lines of thousands of tokens taken);
+    runners started by the test;
     ``restart_api(*flags)`` kills the API and starts another, whose client it returns."""
     kafka, redis = services
     files = tmp_path / "files"
@@ -40,7 +41,10 @@ def batch_fleet(services, start_api, start_worker, prefix, tmp_path):
         "--model", "tiny-chat",
     ]  # fmt: skip
     metrics_port = free_port()
-    start_worker("--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1")
+    start_worker(
+        "--model", str(long_chat_model),
+        "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
+    )  # fmt: skip
     worker_health = f"http://127.0.0.1:{metrics_port}"
     api = start_api("--files-dir", str(files), "--model", "tiny-chat")
     runners: list[FleetProcess] = []
@@ -179,7 +183,8 @@ def test_invalid_lines_fail_the_batch_with_their_line_numbers(batch_fleet) -> No
 def test_a_cancelled_batch_ends_with_its_finished_lines_and_frees_the_worker(batch_fleet) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner("--batch-max-in-flight", "4")
-    lines = [_chat_line(i, max_tokens=600, ignore_eos=True) for i in range(40)]
+    # Two short lines, then lines seconds long: running when the cancel comes.
+    lines = [_chat_line(i, max_tokens=4 if i < 2 else 4000, ignore_eos=True) for i in range(40)]
     batch = _create(client, lines)
     deadline = time.monotonic() + 120
     while client.batches.retrieve(batch.id).request_counts.completed < 2 or not (

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvloop
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -650,10 +649,9 @@ def run_worker(settings: WorkerSettings) -> int:
     configure_logging(settings.log_format)
     service = WorkerService(settings)
     try:
-        # uvloop (it comes with uvicorn[standard]), as the API's uvicorn runs: every
-        # token passes this loop, and its CPU is taken from the engine's cores.
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(service.run())
+        # asyncio's own loop, not uvloop: uvloop's add_reader makes the engine pipe
+        # non-blocking, and a large request's send would then fail half-written.
+        asyncio.run(service.run())
     except ListenError as error:
         log.error("%s", error)
         return 2

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from queue_schemas import JobRequest
+from queue_schemas.bounds import MAX_RECORD_BYTES
 from worker.sampling_params import SamplingParams
 from worker.service.engine_client import EngineClient
 from worker.service.engine_protocol import Output, StepOutput
@@ -24,6 +25,12 @@ def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
             too_big = JobRequest(job_id="r1", prompt_token_ids=[10**9])
             with pytest.raises(ValueError, match="prompt token ids must be in"):
                 await client.add("r1", too_big, SamplingParams(max_tokens=4))
+            # A prompt as large as a record may be goes through the pipe whole
+            # (megabytes past its buffer) and is refused for the context, not
+            # taken for the engine's death.
+            huge = JobRequest(job_id="r2", prompt="word " * (MAX_RECORD_BYTES // 5 - 100))
+            with pytest.raises(ValueError, match="the model's context"):
+                await client.add("r2", huge, SamplingParams(max_tokens=4))
             client.abort("no-such-request")
             await asyncio.sleep(1.0)
             # Nothing runs: the engine reported so, and a stall watch must not fire.
