@@ -11,6 +11,7 @@ the cause.
 import asyncio
 import logging
 import multiprocessing
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -103,6 +104,10 @@ class EngineClient:
         self._conn = ours
         self._ready = loop.create_future()
         loop.add_reader(ours.fileno(), self._readable)
+        # Some loops (uvloop) make a watched fd non-blocking; the pipe must stay
+        # blocking, or a frame larger than its buffer fails half-written. Blocking
+        # is safe: the engine's reader thread drains commands whatever it is doing.
+        os.set_blocking(ours.fileno(), True)
         log.info("engine process %d loading %s", self._process.pid, self.settings.model)
         ready = await self._ready
         self._load = ready.load

@@ -1,9 +1,11 @@
 """The service's handle on a real engine process (tiny model), without Kafka or Redis."""
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from queue_schemas import JobRequest
 from queue_schemas.bounds import MAX_RECORD_BYTES
@@ -25,12 +27,6 @@ def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
             too_big = JobRequest(job_id="r1", prompt_token_ids=[10**9])
             with pytest.raises(ValueError, match="prompt token ids must be in"):
                 await client.add("r1", too_big, SamplingParams(max_tokens=4))
-            # A prompt as large as a record may be goes through the pipe whole
-            # (megabytes past its buffer) and is refused for the context, not
-            # taken for the engine's death.
-            huge = JobRequest(job_id="r2", prompt="word " * (MAX_RECORD_BYTES // 5 - 100))
-            with pytest.raises(ValueError, match="the model's context"):
-                await client.add("r2", huge, SamplingParams(max_tokens=4))
             client.abort("no-such-request")
             await asyncio.sleep(1.0)
             # Nothing runs: the engine reported so, and a stall watch must not fire.
@@ -58,3 +54,41 @@ def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
             await client.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+@pytest.mark.parametrize(
+    "new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
+)
+def test_a_record_sized_prompt_crosses_the_pipe_whole_on_any_event_loop(
+    chat_model: Path, new_loop: Callable[[], asyncio.AbstractEventLoop]
+) -> None:
+    """uvloop makes a watched fd non-blocking: a frame past the pipe's buffer must
+    still go through whole, and be refused for the context, not taken for the
+    engine's death."""
+
+    async def scenario() -> None:
+        failures: list[str] = []
+        client = EngineClient(
+            WorkerSettings(model=str(chat_model)), lambda _: None, failures.append
+        )
+        await client.start()
+        try:
+            prompt = "word " * (MAX_RECORD_BYTES // 5 - 100)
+            # Sent back to back: the engine reads one while the next is written.
+            answers = await asyncio.gather(
+                *(
+                    client.add(f"r{n}", JobRequest(job_id=f"r{n}", prompt=prompt), SamplingParams())
+                    for n in range(3)
+                ),
+                return_exceptions=True,
+            )
+            assert all(
+                isinstance(answer, ValueError) and "the model's context" in str(answer)
+                for answer in answers
+            ), answers
+            assert failures == [] and client.failure is None
+        finally:
+            await client.stop()
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(asyncio.wait_for(scenario(), 120))
