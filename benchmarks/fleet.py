@@ -72,6 +72,8 @@ def worker_flags(settings: "WorkerSettings") -> list[str]:
         "--max-waiting", "256",
         "--stream-interval", str(settings.stream_interval),
     ]  # fmt: skip
+    if settings.engine_threads is not None:  # else the worker's default, the offline engine's
+        flags += ["--engine-threads", str(settings.engine_threads)]
     return flags + ["--enforce-eager"] * settings.enforce_eager
 
 

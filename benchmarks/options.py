@@ -35,6 +35,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="--fleet: the worker's tokens per published event after a job's first",
     )
     parser.add_argument(
+        "--engine-threads",
+        type=int,
+        default=None,
+        help="--fleet, --batch-mix: the engine's CPU threads, offline and in the worker "
+        "(default: the worker's own)",
+    )
+    parser.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
     )
     parser.add_argument(

@@ -186,6 +186,7 @@ def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings"
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         stream_interval=args.stream_interval,
+        engine_threads=args.engine_threads,
     )
 
 

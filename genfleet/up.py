@@ -25,6 +25,7 @@ from rich.console import Console
 
 from genfleet.local_fleet import LocalFleet, local_fleet
 from genfleet.processes import FleetProcess
+from worker.service.engine_threads import cpu_engine_threads, usable_cores
 
 READY_TIMEOUT_S = 300.0
 API_STOP_S = 10.0
@@ -173,8 +174,11 @@ def run_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     redis_dir = None if args.data_dir is None else args.data_dir / "redis"
     with local_fleet(model, log_dir, redis_data_dir=redis_dir, own_group=True) as fleet:
+        # Several workers share this host's cores (all but one from four cores).
+        threads = max(1, cpu_engine_threads(usable_cores()) // args.workers)
+        share = ["--engine-threads", str(threads)] if args.workers > 1 else []
         for port in metrics_ports:
-            fleet.start_worker("--metrics-host", "127.0.0.1", "--metrics-port", str(port))
+            fleet.start_worker("--metrics-host", "127.0.0.1", "--metrics-port", str(port), *share)
         shared = ["--model", served_name, "--files-dir", str((args.data_dir or log_dir) / "files")]
         # A window of a quarter of each worker's sequences keeps interactive TTFT near
         # the idle fleet's on CPU workers (README, "Interactive requests while a batch runs").

@@ -62,6 +62,8 @@ class EngineConfig:
     # On CUDA decode steps replay captured graphs unless this is set (as in vLLM).
     enforce_eager: bool = False
     enable_chunked_prefill: bool = True
+    # torch's intra-op threads in this process (None: torch's default, one per core).
+    cpu_threads: int | None = None
     # Fraction of blocks kept free when admitting a new sequence, so running
     # sequences can still grow without an immediate preemption.
     watermark: float = 0.01
@@ -75,6 +77,8 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "block_size": self.block_size,
         }
+        if self.cpu_threads is not None:
+            positive["cpu_threads"] = self.cpu_threads
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")

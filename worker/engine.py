@@ -59,6 +59,8 @@ class LLMEngine:
             config.max_num_batched_tokens = max(config.max_num_batched_tokens, self.max_model_len)
         self.config = config
         torch.manual_seed(config.seed)
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
         device = torch.device(config.device)
         model = load_model(folder, config.torch_dtype, device, self.max_model_len)
         self.vocab_size = model.config.vocab_size

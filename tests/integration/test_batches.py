@@ -271,7 +271,14 @@ def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     command = [sys.executable, "-m", "genfleet.cli", "batch", "run", str(source),
                "-o", str(output), "--url", _api_url(client), "--poll-s", "0.2"]  # fmt: skip
-    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as in a terminal, even where this suite runs with SIGINT ignored (a
+    # background job of a shell), which the CLI would inherit.
+    first = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while not (batches := list(client.batches.list())) or (
         batches[0].request_counts.completed < 50

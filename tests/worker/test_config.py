@@ -48,3 +48,9 @@ def test_a_bad_device_names_the_choices(device: str) -> None:
 def test_a_bad_dtype_names_the_choices(dtype: str) -> None:
     with pytest.raises(ValueError, match="auto, float32, bfloat16, float16"):
         EngineConfig(dtype=dtype)
+
+
+def test_cpu_threads_must_be_positive_when_given() -> None:
+    with pytest.raises(ValueError, match="cpu_threads must be at least 1"):
+        EngineConfig(cpu_threads=0)
+    assert EngineConfig().cpu_threads is None  # torch's own default

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 
 from tests.conftest import TINY_VOCAB, build_tiny_model, hf_greedy
 from worker import LLM, LLMEngine, SamplingParams, block_manager
@@ -169,3 +170,13 @@ def test_colliding_block_digests_leave_greedy_output_as_without_the_cache(
     uncached = greedy(False)
     monkeypatch.setattr(block_manager, "block_digest", lambda parent, tokens: b"same")
     assert greedy(True) == uncached
+
+
+def test_an_engine_runs_on_the_cpu_threads_it_is_given(tiny_models) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _engine(tiny_models, cpu_threads=1, num_gpu_blocks_override=16)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

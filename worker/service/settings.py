@@ -13,6 +13,7 @@ from pydantic import Field
 from queue_schemas.bounds import MAX_RECORD_BYTES
 from queue_schemas.fleet_settings import FleetSettings
 from worker.model_fetch import DEFAULT_MODEL
+from worker.service.engine_threads import serving_engine_threads
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
@@ -39,6 +40,12 @@ class WorkerSettings(FleetSettings):
     )
     enable_prefix_caching: bool = Field(True, description="reuse cached prefix blocks")
     enforce_eager: bool = Field(False, description="CUDA: no graphs for decode steps")
+    engine_threads: int | None = Field(
+        None,
+        ge=1,
+        description="the engine's CPU threads (default: on a CPU all usable cores, but one from "
+        "four cores on, left to the service; on a GPU one)",
+    )
     # Admission and backpressure.
     max_waiting: int = Field(64, ge=1, description="local waiting jobs before pausing intake")
     low_watermark: float = Field(0.05, ge=0, lt=1, description="pause below this free-block share")
@@ -88,7 +95,7 @@ class WorkerSettings(FleetSettings):
     def engine_config(self) -> "EngineConfig":
         from worker.config import EngineConfig  # torch: only when an engine is built
 
-        return EngineConfig(
+        config = EngineConfig(
             model=self.model,
             device=self.device,
             dtype=self.dtype,
@@ -100,4 +107,8 @@ class WorkerSettings(FleetSettings):
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
             enforce_eager=self.enforce_eager,
+            cpu_threads=self.engine_threads,
         )
+        if config.cpu_threads is None:
+            config.cpu_threads = serving_engine_threads(config.device)
+        return config

@@ -1,0 +1,52 @@
+"""The worker's engine threads: on a CPU of four cores or more all usable cores but one,
+on fewer all of them, unless told otherwise."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from worker.service.engine_threads import serving_engine_threads, usable_cores
+from worker.service.settings import WorkerSettings
+
+NO_CGROUP = Path("/nonexistent/cpu.max")
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (3, 3), (4, 3), (16, 15)])
+def test_a_cpu_engine_leaves_one_core_to_the_service_from_four_cores(
+    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
+    monkeypatch.setattr("worker.service.engine_threads.CGROUP_CPU_MAX", NO_CGROUP)
+    assert WorkerSettings(device="cpu").engine_config().cpu_threads == threads
+
+
+def test_engine_threads_given_are_taken_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
+    assert WorkerSettings(engine_threads=16).engine_config().cpu_threads == 16
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        WorkerSettings(engine_threads=0)
+
+
+def test_a_gpu_engine_takes_one_thread() -> None:
+    assert serving_engine_threads("cuda") == serving_engine_threads("cuda:3") == 1
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"),
+    [
+        ("max 100000\n", 16),  # no limit: the affinity
+        ("400000 100000\n", 4),  # a limit of 4 CPUs
+        ("150000 100000\n", 2),  # 1.5 CPUs: the engine still gets a thread
+        ("5000000 100000\n", 16),  # a limit above the affinity
+        ("garbage", 16),
+    ],
+)
+def test_a_container_cpu_limit_bounds_the_usable_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str, cores: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max)
+    assert usable_cores(path) == cores
+    assert usable_cores(NO_CGROUP) == 16
