@@ -76,6 +76,7 @@ class LLMEngine:
         self.masked_steps = 0
         self.runner = ModelRunner(config, model, self.max_model_len)
         log.info(describe(self.runner.num_blocks, config.block_size, self.max_model_len))
+        log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
