@@ -1,6 +1,7 @@
 """``genfleet batch-runner``: takes the fleet's batches from ``validating`` to a final status.
 
-Once a second it walks the active batches (``BatchStore``):
+Every ``batch_tick_s`` (a second), and sooner when one of their jobs' results
+comes in, it walks the active batches (``BatchStore``):
 - ``validating``: reads the input file and checks every line as its route would
   (``batch_schema.read_input``); an invalid file fails the batch with the lines'
   errors and runs nothing;
@@ -63,7 +64,9 @@ from queue_schemas.topics import ensure_topics
 
 log = logging.getLogger("genfleet.batch")
 BATCH_PRIORITY = 1000  # added to each line's own: interactive jobs (0 by default) go first
-TICK_S = 1.0
+# A result wakes the runner at most this often, and after at least nine times the
+# last walk's duration: a walk reads every line of every active batch.
+MIN_WAKE_GAP_S = 0.1
 SUBMIT_CHUNK = 64
 CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold the batch
 RETRY_S = 1.0
@@ -93,6 +96,8 @@ class BatchRunner:
         # batch id -> job id -> its result (without its text: counts and usage only)
         self._done: dict[str, dict[str, JobResult]] = {}
         self._cancelled_jobs: set[str] = set()  # batches whose jobs were cancelled here
+        # Set by a batch job's new result: a window has room, or a batch may be done.
+        self._result_came = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.fleet.start()
@@ -110,17 +115,27 @@ class BatchRunner:
             await self._start(consumer, stop)
             reading = asyncio.create_task(self._read_results(consumer, stop))
             while not stop.is_set():
+                self._result_came.clear()  # a result taken during the walk wakes the next
+                began = time.monotonic()
                 try:
                     await self._tick()
                 except OUTAGES as error:
                     log.warning("batch runner: %r; trying again", error)
-                with_timeout = asyncio.wait_for(stop.wait(), TICK_S)
-                await asyncio.gather(with_timeout, return_exceptions=True)
+                await self._until_next_tick(stop, time.monotonic() - began)
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
         finally:
             await consumer.stop()
             await self.fleet.stop()
+
+    async def _until_next_tick(self, stop: asyncio.Event, walk_s: float) -> None:
+        """A tick's time, or less when a result came: a window with room is refilled
+        then, not a tick later (with a small window and short lines, the tick would
+        be what limits a batch's speed)."""
+        tick_s = self.settings.batch_tick_s
+        gap = min(tick_s, max(MIN_WAKE_GAP_S, 9 * walk_s))
+        await _until_set([stop], gap)
+        await _until_set([stop, self._result_came], tick_s - gap)
 
     async def _start(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -172,6 +187,8 @@ class BatchRunner:
         new = await self.store.record_result(result.tenant, batch_id, result)
         if new and batch_id in self._done:
             self._done[batch_id][result.job_id] = _slim(result)
+        if new:
+            self._result_came.set()
 
     async def _tick(self) -> None:
         for tenant, batch_id in await self.store.active():
@@ -373,6 +390,16 @@ class BatchRunner:
         self._lines.pop(batch_id, None)
         self._done.pop(batch_id, None)
         self._cancelled_jobs.discard(batch_id)
+
+
+async def _until_set(events: list[asyncio.Event], timeout_s: float) -> None:
+    """Until one of ``events`` is set, or ``timeout_s`` has passed."""
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _slim(result: JobResult) -> JobResult:

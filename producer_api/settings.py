@@ -34,6 +34,12 @@ class ApiSettings(FleetSettings):
     batch_max_in_flight: int = Field(
         256, ge=1, description="batch runner: a batch's lines submitted and not yet finished"
     )
+    batch_tick_s: float = Field(
+        1.0,
+        gt=0,
+        description="batch runner: how often it looks at every batch (new ones, cancels, "
+        "expiry); a batch job's result wakes it sooner",
+    )
     # Fleet admission for the OpenAI routes (``backlog``); /v1/jobs always queues.
     max_queued_jobs: int | None = Field(
         None, ge=1, description="fleet backlog past which OpenAI routes answer 429 (off: none)"

@@ -152,6 +152,18 @@ def test_a_100_line_batch_answers_every_line_once(batch_fleet) -> None:
     assert [b.id for b in client.batches.list()] == [batch.id]
 
 
+def test_each_result_lets_the_next_line_in_without_waiting_for_a_tick(batch_fleet) -> None:
+    client, start_runner = batch_fleet.client, batch_fleet.start_runner
+    batch = _create(client, [_chat_line(i) for i in range(12)])
+    # The runner looks at its batches once at start, then only every 10 minutes: a
+    # window of 2 lines gets through 12 within the deadline only if each result wakes
+    # it to submit the next lines, and the last one to write the output.
+    start_runner("--batch-max-in-flight", "2", "--batch-tick-s", "600")
+    done = _wait(client, batch.id, {"completed", "failed"}, timeout_s=120)
+    assert done.status == "completed", done
+    assert done.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}
+
+
 def test_invalid_lines_fail_the_batch_with_their_line_numbers(batch_fleet) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner()
