@@ -1,28 +1,62 @@
-"""Settings classes as command-line flags: one ``--flag`` per field, env GENFLEET_* as fallback."""
+"""Settings classes as command-line flags: one ``--flag`` per field, made from its definition.
+
+For a settings class (``BaseSettings``) a flag left out falls back to the
+environment variable GENFLEET_* and then to the field's default; for a plain
+model (``EngineConfig`` in ``genfleet generate``) to the default.
+"""
 
 import argparse
-from typing import TypeVar
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
-S = TypeVar("S", bound=BaseSettings)
+M = TypeVar("M", bound=BaseModel)
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, settings: type[BaseSettings]) -> None:
-    """One flag per setting; a flag left out falls back to GENFLEET_* or the default."""
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, settings: type[BaseModel], skip: Iterable[str] = ()
+) -> None:
+    """One flag per field of ``settings`` but those in ``skip``."""
+    from_env = issubclass(settings, BaseSettings)
     for name, field in settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} (env GENFLEET_{name.upper()})"
+        if name in skip:
+            continue
+        help_text = field.description or ""
+        if from_env:
+            help_text += f" (env GENFLEET_{name.upper()})"
         if field.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            parser.add_argument(flag, help=help_text)
+            parser.add_argument(_flag(name), help=help_text)
 
 
-def settings_from_args(args: argparse.Namespace, settings: type[S]) -> S:
-    given = {
+def given_settings(args: argparse.Namespace, settings: type[BaseModel]) -> dict[str, Any]:
+    """The fields of ``settings`` whose flags were given."""
+    return {
         name: getattr(args, name)
         for name in settings.model_fields
         if getattr(args, name, None) is not None
     }
-    return settings(**given)
+
+
+def settings_from_args(args: argparse.Namespace, settings: type[M], **fixed: Any) -> M:
+    return settings(**{**given_settings(args, settings), **fixed})
+
+
+def as_flags(values: Mapping[str, Any]) -> list[str]:
+    """Settings as the flags that give them, to pass on to another command."""
+    flags: list[str] = []
+    for name, value in values.items():
+        if isinstance(value, bool):
+            flags.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
+        else:
+            text = json.dumps(value) if isinstance(value, dict) else str(value)
+            flags += [_flag(name), text]
+    return flags

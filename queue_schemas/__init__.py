@@ -5,7 +5,7 @@ Imported by both the producer API and the workers; imports neither. See
 Kafka client, and how versions evolve.
 """
 
-from queue_schemas.jobs import ChatMessage, JobRequest, SamplingOptions, StructuredOutputs
+from queue_schemas.jobs import ChatMessage, JobRequest, StructuredOutputs
 from queue_schemas.messages import (
     CancelJob,
     DeadLetter,
@@ -17,6 +17,7 @@ from queue_schemas.messages import (
     Usage,
 )
 from queue_schemas.names import Names
+from queue_schemas.sampling import SamplingOptions
 from queue_schemas.versioning import SCHEMA_VERSION, UnsupportedVersion, check_version
 
 __all__ = [

@@ -1,32 +1,25 @@
 """The job a client asks for: what producers put on the jobs topic."""
 
-from datetime import datetime
+import contextlib
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from queue_schemas.bounds import (
-    MAX_MESSAGES,
-    JobId,
-    Metadata,
-    MinTokens,
-    OutputTokens,
-    Priority,
-    Seed,
-    StopList,
-    StopTokenIds,
-    TenantName,
-    TokenId,
-    TopK,
-    TopLogprobs,
-)
+from queue_schemas.bounds import MAX_MESSAGES, JobId, Metadata, Priority, TenantName, TokenId
+from queue_schemas.sampling import SamplingOptions
 from queue_schemas.structured import StructuredOutputs
 from queue_schemas.versioning import (
+    MODEL_DEFAULTS_VERSION,
     SCHEMA_VERSION,
     STRUCTURED_OUTPUTS_VERSION,
     WireModel,
     check_version,
 )
+
+# Longest timeout a job may ask for: a year, far past any batch window.
+MAX_TIMEOUT_S = 365 * 24 * 3600.0
+TimeoutSeconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
 
 __all__ = ["ChatMessage", "JobId", "JobRequest", "SamplingOptions", "StructuredOutputs"]
 
@@ -36,45 +29,13 @@ class ChatMessage(WireModel):
     content: str
 
 
-class SamplingOptions(WireModel):
-    """How to sample; the bounds are the engine's (vLLM's) and OpenAI's (``bounds``)."""
-
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: TopK = 0
-    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0, le=2)] = 1.0
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
-    seed: Seed | None = None
-    max_tokens: OutputTokens | None = Field(
-        default=None, description="None: up to the model's context length"
-    )
-    min_tokens: MinTokens = 0
-    stop: StopList = Field(default_factory=list)
-    stop_token_ids: StopTokenIds = Field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: TopLogprobs | None = None
-    skip_special_tokens: bool = True
-    structured_outputs: StructuredOutputs | None = Field(
-        default=None, description="constrain the output (needs schema_version 2)"
-    )
-
-    @model_validator(mode="after")
-    def _min_within_max(self) -> "SamplingOptions":
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
-            )
-        return self
-
-
 class JobRequest(WireModel):
     """One generation job. Exactly one of ``prompt``, ``prompt_token_ids``, ``messages``."""
 
     schema_version: int = Field(
         default=SCHEMA_VERSION,
-        description="1; 2 for a job with sampling.structured_outputs (the default then)",
+        description="1; 2 for a job with sampling.structured_outputs (the default then); "
+        "3 for unset sampling fields taken from the model's defaults, and for timeout_s",
     )
     job_id: JobId
     tenant: TenantName = "default"
@@ -86,7 +47,14 @@ class JobRequest(WireModel):
     sampling: SamplingOptions = SamplingOptions()
     priority: Priority = Field(default=0, description="lower runs first")
     metadata: Metadata = Field(default_factory=dict, description="echoed in the result")
-    deadline: datetime | None = Field(default=None, description="not started after this: failed")
+    deadline: datetime | None = Field(
+        default=None, description="not started after this, stopped if still running: expired"
+    )
+    timeout_s: TimeoutSeconds | None = Field(
+        default=None,
+        description="a deadline this many seconds after created_at (else after the record's "
+        "Kafka timestamp); needs schema_version 3",
+    )
     created_at: datetime | None = None
 
     @model_validator(mode="before")
@@ -105,6 +73,14 @@ class JobRequest(WireModel):
                 return {**data, "schema_version": STRUCTURED_OUTPUTS_VERSION}
         return data
 
+    @field_validator("deadline", "created_at")
+    @classmethod
+    def _utc_unless_said(cls, moment: datetime | None) -> datetime | None:
+        """A time without a zone is UTC, so every time compares with every other."""
+        if moment is not None and moment.tzinfo is None:
+            return moment.replace(tzinfo=UTC)
+        return moment
+
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, version: int) -> int:
@@ -112,16 +88,38 @@ class JobRequest(WireModel):
         return version
 
     @model_validator(mode="after")
-    def _constraint_needs_its_version(self) -> "JobRequest":
-        if self.sampling.structured_outputs is not None and (
-            self.schema_version < STRUCTURED_OUTPUTS_VERSION
-        ):
-            raise ValueError(
-                f"sampling.structured_outputs needs schema_version "
-                f"{STRUCTURED_OUTPUTS_VERSION} (a reader of version {self.schema_version} "
-                "would ignore the constraint)"
-            )
+    def _fields_need_their_version(self) -> "JobRequest":
+        needs = {
+            "sampling.structured_outputs": (
+                self.sampling.structured_outputs is not None,
+                STRUCTURED_OUTPUTS_VERSION,
+            ),
+            "timeout_s": (self.timeout_s is not None, MODEL_DEFAULTS_VERSION),
+        }
+        for name, (given, version) in needs.items():
+            if given and self.schema_version < version:
+                raise ValueError(
+                    f"{name} needs schema_version {version} (a reader of version "
+                    f"{self.schema_version} would ignore it)"
+                )
         return self
+
+    def requested_sampling(self) -> SamplingOptions:
+        """The sampling as this record's version means it: from version 3 on, unset
+        fields are left to the serving model's defaults; before, they are the neutral
+        values (an old record keeps its meaning)."""
+        if self.schema_version >= MODEL_DEFAULTS_VERSION:
+            return self.sampling
+        return self.sampling.with_defaults()
+
+    def expires_at(self, produced_at: datetime) -> datetime | None:
+        """When the job stops being useful: the earlier of ``deadline`` and ``timeout_s``
+        after its creation (``produced_at`` for a record that does not say when)."""
+        ends = [self.deadline] if self.deadline is not None else []
+        if self.timeout_s is not None:
+            with contextlib.suppress(OverflowError):  # past year 9999: no end
+                ends.append((self.created_at or produced_at) + timedelta(seconds=self.timeout_s))
+        return min(ends, default=None)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "JobRequest":
@@ -132,3 +130,13 @@ class JobRequest(WireModel):
                 f"exactly one of {', '.join(names)} must be given; got {given or 'none'}"
             )
         return self
+
+
+def lowest_version(sampling: SamplingOptions) -> int:
+    """The version a job with these options is written at by a writer that leaves unset
+    fields to the model (the API): the lowest that carries its meaning."""
+    if sampling.unset:
+        return MODEL_DEFAULTS_VERSION
+    if sampling.structured_outputs is not None:
+        return STRUCTURED_OUTPUTS_VERSION
+    return SCHEMA_VERSION

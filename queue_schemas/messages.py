@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from queue_schemas.bounds import JobId, TenantName
+from queue_schemas.sampling import SamplingOptions
 from queue_schemas.versioning import SCHEMA_VERSION, WireModel
 
 
@@ -26,10 +27,12 @@ class JobStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Its deadline passed: before a worker started it, or while it ran.
+    EXPIRED = "expired"
 
     @property
     def is_final(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+        return self is not JobStatus.QUEUED and self is not JobStatus.RUNNING
 
 
 class Usage(WireModel):
@@ -68,7 +71,8 @@ class TokenEvent(WireModel):
 
 class JobResult(WireModel):
     """The final outcome of a job: the results topic carries one per job id
-    (a redelivered job may produce a duplicate with identical content)."""
+    (a redelivered job may produce a duplicate with identical content). A result
+    whose status is ``expired`` is written at schema_version 3."""
 
     kind: Literal["result"] = "result"
     schema_version: int = SCHEMA_VERSION
@@ -81,6 +85,9 @@ class JobResult(WireModel):
     stop_reason: int | str | None = None
     usage: Usage = Usage()
     error: str | None = None
+    sampling: SamplingOptions | None = Field(
+        default=None, description="the sampling the worker applied, model defaults filled in"
+    )
     metadata: dict[str, str] = Field(default_factory=dict)
     worker: str | None = None
     created_at: datetime | None = None
@@ -99,6 +106,9 @@ class JobState(WireModel):
     finish_reason: FinishReason | None = None
     usage: Usage = Usage()
     error: str | None = None
+    sampling: SamplingOptions | None = Field(
+        default=None, description="the sampling the worker applied, model defaults filled in"
+    )
     updated_at: datetime | None = None
     worker: str | None = Field(default=None, description="the worker running it, or that ran it")
 

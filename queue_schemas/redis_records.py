@@ -18,13 +18,14 @@ A job's result goes out in three moves, so the results topic gets exactly one
    or not, and the reader of the record finds out before sending it again.
 """
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from queue_schemas.messages import JobResult, JobState, JobStatus, TokenEvent, Usage
+from queue_schemas.messages import JobResult, JobState, JobStatus, TokenEvent
 from queue_schemas.names import Names
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ RESULT_SENT_FIELD = "result_sent"
 CLAIMED_AT_FIELD = "result_claimed_at"
 CLAIMANT_FIELD = "result_claimant"
 FINAL_STATUSES = ",".join(status.value for status in JobStatus if status.is_final)
+# The job hash's fields that hold a model, as its JSON.
+NESTED_FIELDS = ("usage", "sampling")
 
 # Lua shared by the scripts below: whether a job status is one of ARGV[1]'s
 # comma-separated final statuses.
@@ -107,8 +110,9 @@ def append_event(
 
 def _hash_fields(state: JobState) -> dict[str, str]:
     fields = state.model_dump(mode="json", exclude_unset=True, exclude_none=True)
-    if "usage" in fields:
-        fields["usage"] = state.usage.model_dump_json()
+    for name in NESTED_FIELDS:  # a hash holds strings: nested models as JSON
+        if name in fields:
+            fields[name] = json.dumps(fields[name])
     return {name: str(value) for name, value in fields.items()}
 
 
@@ -139,6 +143,7 @@ def final_state(result: JobResult, updated_at: datetime) -> JobState:
         finish_reason=result.finish_reason,
         usage=result.usage,
         error=result.error,
+        sampling=result.sampling,
         updated_at=updated_at,
         worker=result.worker,
     )
@@ -209,8 +214,9 @@ def read_state(fields: Mapping[bytes | str, bytes | str]) -> JobState | None:
     document: dict[str, Any] = {as_text(key): as_text(value) for key, value in fields.items()}
     if "status" not in document or "job_id" not in document:
         return None
-    if "usage" in document:
-        document["usage"] = Usage.model_validate_json(document["usage"])
+    for name in NESTED_FIELDS:
+        if name in document:
+            document[name] = json.loads(document[name])
     return JobState.model_validate(document)
 
 

@@ -14,13 +14,19 @@ readers that know only version 1 go on reading everything they can serve:
 - 1: every message.
 - 2: a job constrained by ``sampling.structured_outputs``. A version-1 reader
   would ignore the constraint and generate free text; it refuses the job instead.
+- 3: a job whose unset sampling fields take the served model's defaults (its
+  generation config; before 3 they take the neutral values), or that carries a
+  ``timeout_s``; and a result whose status is ``expired``. Version 3 is never
+  chosen for a record that does not say it: a job written without a version
+  keeps the meaning it had.
 """
 
 from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION = 1
 STRUCTURED_OUTPUTS_VERSION = 2
-SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION, STRUCTURED_OUTPUTS_VERSION})
+MODEL_DEFAULTS_VERSION = 3
+SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION, STRUCTURED_OUTPUTS_VERSION, MODEL_DEFAULTS_VERSION})
 
 
 class UnsupportedVersion(ValueError):

@@ -1,98 +1,123 @@
-"""Engine settings: the knobs of vLLM's engine arguments that apply here."""
+"""Engine settings: the knobs of vLLM's engine arguments that apply here, defined once.
 
+``EngineConfig`` is what the offline ``LLM`` and ``LLMEngine`` take, and the
+worker's settings are built on it (``WorkerSettings`` adds the service's own), so
+every knob has one name, one default, one bound and one description, from which
+the command-line flags of ``genfleet worker``, ``up`` and ``generate`` are made.
+Imports no torch: the service process and ``genfleet --help`` read it too;
+``resolved()`` settles ``auto`` with torch, in the engine's process.
+"""
+
+import json
 import re
-from dataclasses import dataclass
+from typing import Any, Literal
 
-import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
+from worker.model_fetch import DEFAULT_MODEL
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_CHOICES: tuple[str, ...] = Dtype.__args__  # type: ignore[attr-defined]
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
 
-def cpu_has_bf16_dot_products() -> bool:
-    """AVX512-BF16 or AMX: where bf16 matmuls run natively instead of being emulated."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def resolve_device(device: str) -> str:
-    """``auto``: CUDA when torch sees a GPU, else the CPU."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" or re.fullmatch(r"cuda(:\d+)?", device):
-        return device
-    raise ValueError(f"device must be one of {DEVICE_CHOICES}; got {device!r}")
-
-
-def resolve_dtype(dtype: str, device: str) -> str:
-    """``auto`` as vLLM means it for the hardware: bf16 on a GPU that has it, else fp16;
-    on a CPU bf16 where it has bf16 dot products, else fp32 (emulated bf16 is slower)."""
-    if dtype not in DTYPE_CHOICES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}; got {dtype!r}")
-    if dtype != "auto":
-        return dtype
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return "bfloat16" if cpu_has_bf16_dot_products() else "float32"
-
-
-@dataclass
-class EngineConfig:
+class EngineConfig(BaseModel):
     """Everything the engine needs to start.
 
     ``model`` is a Hugging Face model folder or the name of a model that
     ``genfleet model fetch`` knows. The KV cache gets ``num_gpu_blocks_override``
-    blocks when set, otherwise as many as fit in ``kv_cache_memory_gib``.
-    ``device`` and ``dtype`` may be ``auto`` (``resolve_device``, ``resolve_dtype``);
-    after construction they name what was chosen.
+    blocks when set, otherwise as many as fit in ``kv_cache_memory_gib`` (CPU) or
+    ``gpu_memory_utilization`` (CUDA).
     """
 
-    model: str = "SmolLM2-135M-Instruct"
-    dtype: str = "float32"
-    device: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory_gib: float = 1.0  # the CPU's KV budget
-    # On CUDA: the share of the device's memory this engine may take, KV cache included.
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
-    # On CUDA decode steps replay captured graphs unless this is set (as in vLLM).
-    enforce_eager: bool = False
-    enable_chunked_prefill: bool = True
-    # torch's intra-op threads in this process (None: torch's default, one per core).
-    cpu_threads: int | None = None
-    # Fraction of blocks kept free when admitting a new sequence, so running
-    # sequences can still grow without an immediate preemption.
-    watermark: float = 0.01
-    seed: int = 0
+    model_config = ConfigDict(extra="forbid")
 
-    def __post_init__(self) -> None:
-        self.device = resolve_device(self.device)
-        self.dtype = resolve_dtype(self.dtype, self.device)
-        positive = {
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "block_size": self.block_size,
-        }
-        if self.cpu_threads is not None:
-            positive["cpu_threads"] = self.cpu_threads
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        if not 0 <= self.watermark < 1:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+    model: str = Field(DEFAULT_MODEL, description="model folder or known name")
+    device: str = Field("auto", description=f"{DEVICE_CHOICES} (auto: CUDA if torch sees a GPU)")
+    dtype: Dtype = Field(
+        "auto",
+        description="auto (bf16 where the hardware has bf16 dot products, else fp16 on a GPU "
+        "and fp32 on a CPU), float32, bfloat16, float16",
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="context length (default: the model's)"
+    )
+    max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
+    max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step")
+    block_size: int = Field(16, ge=1, description="KV cache block size")
+    num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks, fixed")
+    kv_cache_memory_gib: float = Field(1.0, gt=0, description="CPU: KV cache budget (GiB)")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="CUDA: share of device memory for the engine, KV included"
+    )
+    enable_prefix_caching: bool = Field(True, description="reuse cached prefix blocks")
+    enforce_eager: bool = Field(False, description="CUDA: no graphs for decode steps")
+    enable_chunked_prefill: bool = Field(
+        True, description="prefill long prompts over several steps"
+    )
+    engine_threads: int | None = Field(
+        None,
+        ge=1,
+        description="the engine's CPU threads (offline default: torch's, one per core; a "
+        "worker's: all usable cores, but one from four cores on, left to the service; "
+        "on a GPU one)",
+    )
+    watermark: float = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="share of KV blocks kept free when admitting a sequence, so running "
+        "ones can grow without an immediate preemption",
+    )
+    seed: int = Field(0, description="the engine's random seed (requests without their own)")
+    generation_config: str = Field(
+        "auto",
+        description="where requests' unset sampling fields come from: auto (the model "
+        "folder's generation_config.json), vllm (neutral values), or a folder",
+    )
+    override_generation_config: dict[str, Any] | None = Field(
+        None,
+        description='JSON over the generation config, e.g. \'{"temperature": 0.5, '
+        '"max_new_tokens": 256}\'',
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        if device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", device):
+            return device
+        raise ValueError(f"device must be one of {DEVICE_CHOICES}; got {device!r}")
+
+    @field_validator("override_generation_config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        """A flag gives the override as JSON text."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not JSON: {error}") from None
+        return value
+
+    def resolved(self) -> "EngineConfig":
+        """This config with ``auto`` device and dtype settled for this machine."""
+        from worker.device import resolve_device, resolve_dtype  # torch
+
+        device = resolve_device(self.device)
+        return self.model_copy(
+            update={"device": device, "dtype": resolve_dtype(self.dtype, device)}
+        )
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The engine's knobs of this object (a worker's settings hold more)."""
+        return {name: getattr(self, name) for name in EngineConfig.model_fields}
 
     @property
     def uses_cuda_graphs(self) -> bool:
         return self.device.startswith("cuda") and not self.enforce_eager
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self) -> Any:
+        from worker.device import DTYPES  # torch
+
         return DTYPES[self.dtype]

@@ -8,9 +8,12 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from queue_schemas.sampling import SamplingOptions
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer
+from worker.generation_config import describe as describe_defaults
+from worker.generation_config import sampling_defaults
 from worker.kv_sizing import describe
 from worker.model_fetch import resolve_model
 from worker.model_runner import ModelRunner
@@ -18,7 +21,6 @@ from worker.models.loader import load_config, load_model
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
 from worker.sampler import sample
-from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
 from worker.structured_output import Grammars
@@ -54,13 +56,18 @@ class LLMEngine:
         folder = resolve_model(config.model)
         hf_config = load_config(folder)
         self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
+        config = config.resolved()
         if not config.enable_chunked_prefill:
             # Without chunking a whole (recomputed) sequence must fit one step.
-            config.max_num_batched_tokens = max(config.max_num_batched_tokens, self.max_model_len)
+            tokens = max(config.max_num_batched_tokens, self.max_model_len)
+            config = config.model_copy(update={"max_num_batched_tokens": tokens})
         self.config = config
+        self.sampling_defaults = sampling_defaults(
+            folder, config.generation_config, config.override_generation_config
+        )
         torch.manual_seed(config.seed)
-        if config.cpu_threads is not None:
-            torch.set_num_threads(config.cpu_threads)
+        if config.engine_threads is not None:
+            torch.set_num_threads(config.engine_threads)
         device = torch.device(config.device)
         model = load_model(folder, config.torch_dtype, device, self.max_model_len)
         self.vocab_size = model.config.vocab_size
@@ -77,6 +84,7 @@ class LLMEngine:
         self.runner = ModelRunner(config, model, self.max_model_len)
         log.info(describe(self.runner.num_blocks, config.block_size, self.max_model_len))
         log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
+        log.info(describe_defaults(self.sampling_defaults))
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -88,7 +96,7 @@ class LLMEngine:
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> "LLMEngine":
-        return cls(EngineConfig(**kwargs))  # type: ignore[arg-type]
+        return cls(EngineConfig(**kwargs))
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, dict):
@@ -101,7 +109,24 @@ class LLMEngine:
             raise ValueError("this model folder has no tokenizer: send prompt_token_ids")
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
-    def _validate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+    def resolve(self, params: SamplingOptions, prompt_tokens: int) -> SamplingOptions:
+        """The request's sampling with every unset field filled from the model's defaults.
+        An explicit ``max_tokens`` must fit the context with the prompt (ValueError, with
+        vLLM's words); a default one is cut to the room the prompt leaves."""
+        room = self.max_model_len - prompt_tokens
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {prompt_tokens + params.max_tokens} tokens "
+                f"({prompt_tokens} in the messages, {params.max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+        resolved = params.with_defaults(self.sampling_defaults)
+        if resolved.max_tokens is not None and resolved.max_tokens > room:
+            resolved = resolved.model_copy(update={"max_tokens": room})
+        return resolved
+
+    def _check_prompt(self, request_id: str, token_ids: list[int]) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not token_ids:
@@ -113,12 +138,14 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens; the model's context is "
                 f"{self.max_model_len}, which must also leave room for one output token"
             )
+
+    def _validate(self, token_ids: list[int], params: SamplingOptions) -> None:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model folder has none")
         if params.structured_outputs is not None and self.grammars is None:
             raise ValueError("structured outputs need a tokenizer; this model folder has none")
-        longest = min(
-            len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len
+        longest = (
+            self.max_model_len if params.max_tokens is None else len(token_ids) + params.max_tokens
         )
         needed = self.block_manager.blocks_needed(longest)
         # Admission keeps the watermark free, so a request must fit below it even alone.
@@ -133,16 +160,19 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: Prompt,
-        params: SamplingParams | None = None,
+        params: SamplingOptions | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request; raises ValueError naming the problem, leaving the engine as it was.
-        A constrained request's grammar is compiled here unless it is cached (the worker's
-        engine process compiles in the background first, so its steps never wait)."""
-        params = params or SamplingParams()
+        Its unset sampling fields take the model's defaults (``resolve``; the request's
+        ``Sequence.params`` holds what was applied). A constrained request's grammar is
+        compiled here unless it is cached (the worker's engine process compiles in the
+        background first, so its steps never wait)."""
         token_ids = self.tokenize(prompt)
-        self._validate(request_id, token_ids, params)
+        self._check_prompt(request_id, token_ids)
+        params = self.resolve(params or SamplingOptions(), len(token_ids))
+        self._validate(token_ids, params)
         constraint = None
         if params.structured_outputs is not None:
             assert self.grammars is not None  # _validate checked

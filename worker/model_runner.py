@@ -5,12 +5,12 @@ import time
 
 import torch
 
+from queue_schemas.sampling import SamplingOptions
 from worker.block_manager import cdiv
 from worker.config import EngineConfig
 from worker.cuda_graphs import DecodeGraphs, capture_sizes
 from worker.kv_sizing import GIB, DeviceMemory, blocks_from_budget, gpu_blocks
 from worker.models.llama import LlamaForCausalLM, head_dim_of
-from worker.sampling_params import SamplingParams
 from worker.scheduler import SchedulerOutput
 from worker.sequence import Sequence
 from worker.step_buffers import StepBuffers
@@ -39,7 +39,7 @@ def profile_batch(config: EngineConfig, max_model_len: int) -> SchedulerOutput:
     lengths = [tokens // count + (i < tokens % count) for i in range(count)]
     batch = SchedulerOutput()
     for i, length in enumerate(lengths):
-        seq = Sequence(f"profile-{i}", [0] * length, SamplingParams(max_tokens=1), i)
+        seq = Sequence(f"profile-{i}", [0] * length, SamplingOptions(max_tokens=1), i)
         seq.block_ids = [0] * cdiv(length, config.block_size)
         batch.seqs.append(seq)
         batch.num_new_tokens.append(length)

