@@ -77,6 +77,12 @@ def build_tiny_model(
     return model
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (``pytest.mark.anyio``) run on asyncio's own loop, as the worker does."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def tiny_models(
     tmp_path_factory: pytest.TempPathFactory,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from queue_schemas import CancelJob
-from worker.service.flights import InFlight, JobKey
+from worker.service.flights import Flights, InFlight
 from worker.service.publisher import RedisPublisher, redis_outage
 
 log = logging.getLogger("genfleet.worker")
@@ -26,7 +26,7 @@ class Cancellations:
         listener: Redis,
         channel: str,
         publisher: RedisPublisher,
-        running: Callable[[], dict[JobKey, InFlight]],
+        running: Flights,
         abort: Callable[[InFlight], None],
     ) -> None:
         self.listener = listener
@@ -59,13 +59,13 @@ class Cancellations:
         except ValidationError:
             log.warning("ignoring control message %r", data[:200])
             return
-        flight = self.running().get((cancel.tenant, cancel.cancel))
+        flight = self.running.get((cancel.tenant, cancel.cancel))
         if flight is not None:
             log.info("cancelling %s", cancel.cancel)
             self.abort(flight)
 
     async def _recheck(self) -> None:
-        flights = list(self.running().values())
+        flights = list(self.running)
         marks = await self.publisher.cancelled([flight.key for flight in flights])
         for flight, cancelled in zip(flights, marks, strict=True):
             if cancelled:

@@ -19,8 +19,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from queue_schemas import JobRequest
-from worker.sampling_params import SamplingParams
+from queue_schemas import JobRequest, SamplingOptions
 from worker.service.engine_protocol import (
     Abort,
     Accepted,
@@ -66,7 +65,7 @@ class EngineClient:
         # Numbers of the Add commands the last step's load does not count yet.
         self._adds_in_transit: deque[int] = deque()
         self.failure: str | None = None
-        self._pending: dict[str, asyncio.Future[None]] = {}
+        self._pending: dict[str, asyncio.Future[SamplingOptions]] = {}
         self._ready: asyncio.Future[Ready] | None = None
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -114,11 +113,12 @@ class EngineClient:
         return ready
 
     def add(
-        self, request_id: str, job: JobRequest, params: SamplingParams
-    ) -> "asyncio.Future[None]":
-        """Send a request; the future raises ValueError if the engine refuses it, and
-        EngineFailed if the engine is gone before it answers."""
-        accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self, request_id: str, job: JobRequest, params: SamplingOptions
+    ) -> "asyncio.Future[SamplingOptions]":
+        """Send a request; the future gives the sampling it runs with (the model's defaults
+        filled in), raises ValueError if the engine refuses it, and EngineFailed if the
+        engine is gone before it answers."""
+        accepted: asyncio.Future[SamplingOptions] = asyncio.get_running_loop().create_future()
         if self.failure is not None:
             accepted.set_exception(EngineFailed(self.failure))
             return accepted
@@ -180,7 +180,7 @@ class EngineClient:
             self._owed_since = time.monotonic() if owes else None
             self._on_step(message)
         elif isinstance(message, Accepted):
-            self._answer(message.request_id, None)
+            self._answer(message.request_id, message.applied)
         elif isinstance(message, Refused):
             self._answer(message.request_id, ValueError(message.reason))
         elif isinstance(message, Ready):
@@ -189,14 +189,14 @@ class EngineClient:
         elif isinstance(message, Failed):
             self._fail(f"engine failed: {message.reason}")
 
-    def _answer(self, request_id: str, error: Exception | None) -> None:
+    def _answer(self, request_id: str, answer: SamplingOptions | Exception) -> None:
         accepted = self._pending.pop(request_id, None)
         if accepted is None or accepted.done():
             return
-        if error is None:
-            accepted.set_result(None)
+        if isinstance(answer, Exception):
+            accepted.set_exception(answer)
         else:
-            accepted.set_exception(error)
+            accepted.set_result(answer)
 
     def _gone(self) -> None:
         self._close()

@@ -47,8 +47,8 @@ from worker.service.engine_protocol import (
     decode,
     encode,
 )
-from worker.service.intake import reason_for
 from worker.service.job_prompts import engine_prompt, longest_token_bytes
+from worker.service.records import reason_for
 from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.engine")
@@ -168,7 +168,7 @@ class EngineCore:
             return
         if command.params.logprobs is not None:
             self._texts_for[command.request_id] = command.params.skip_special_tokens
-        self.send(Accepted(command.request_id))
+        self.send(Accepted(command.request_id, self.engine.requests[command.request_id].params))
         if aborted:  # its final delta (abort) comes with the next step, as for any abort
             self.engine.abort_request(command.request_id)
 

@@ -11,9 +11,8 @@ Imports no torch, so the service process never loads it.
 import pickle
 from dataclasses import dataclass
 
-from queue_schemas import JobRequest
+from queue_schemas import JobRequest, SamplingOptions
 from worker.outputs import RequestDelta
-from worker.sampling_params import SamplingParams
 
 
 @dataclass
@@ -22,7 +21,8 @@ class Add:
     # The engine process turns the job into a prompt (chat template, length check):
     # the tokenizer lives there only.
     job: JobRequest
-    params: SamplingParams
+    # As the job's version means it; unset fields take the model's defaults there.
+    params: SamplingOptions
     # When the service took the job (wall clock): the worker's TTFT and e2e start here.
     arrival_time: float
 
@@ -61,6 +61,8 @@ class Ready:
 @dataclass
 class Accepted:
     request_id: str
+    # What the request runs with: its sampling, the model's defaults filled in.
+    applied: SamplingOptions
 
 
 @dataclass

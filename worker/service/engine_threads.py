@@ -5,7 +5,7 @@ A worker is not alone: its service process (Kafka, Redis, JSON) and often the
 broker, Redis or the API run beside it, and every slice of a core they take from
 one of the engine's OpenMP threads stalls all the others at the step's next
 barrier. On the fleet benchmark that cost a fifth of the engine's throughput on
-two cores (README, the fleet benchmark). So, as vLLM's CPU backend reserves a
+two cores (docs/benchmarks.md, the fleet benchmark). So, as vLLM's CPU backend reserves a
 core for its serving process, a CPU engine with at least ``RESERVE_FROM_CORES``
 cores takes all but one. Below that a core is worth more than the stalls: on two
 cores the engine on one core was slower than on both, stalls and all. A GPU

@@ -1,12 +1,14 @@
-"""A job while this worker runs it, and the record it came in on."""
+"""The jobs this worker runs (``Flights``), each with the record it came in on."""
 
+import asyncio
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from aiokafka.structs import TopicPartition
 
-from queue_schemas import JobRequest, JobResult, TokenEvent
+from queue_schemas import JobRequest, JobResult, SamplingOptions, TokenEvent
 
 JobKey = tuple[str, str]  # (tenant, job id): job ids are unique within a tenant
 
@@ -31,12 +33,20 @@ class InFlight:
     # The engine's id for this attempt at the job, unique in the fleet: it also
     # claims the job's result (``redis_records.FINISH_SCRIPT``).
     request_id: str
+    # When the job stops being useful (``JobRequest.expires_at``), if ever.
+    expires_at: datetime | None = None
+    # Its deadline passed while it ran: the engine's abort ends it ``expired``.
+    expired: bool = False
+    # Fires at ``expires_at`` (``deadlines``); cancelled when the job leaves.
+    timer: asyncio.TimerHandle | None = None
     # False after a rebalance took the record's partition: the job runs on, its
     # offset no longer ours, until the partition is assigned elsewhere.
     attached: bool = True
     # The record went with a broker that lost its state: nobody will be given it
     # again, so the job runs here to its end whoever owns the partition now.
     orphaned: bool = False
+    # What the engine runs it with (the model's defaults filled in), once it accepted it.
+    sampling: SamplingOptions | None = None
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)  # published, in order
@@ -46,6 +56,38 @@ class InFlight:
     @property
     def key(self) -> JobKey:
         return key_of(self.job)
+
+
+class Flights:
+    """The jobs this worker runs, by (tenant, job id) and by the engine's request id."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[JobKey, InFlight] = {}
+        self._by_request: dict[str, InFlight] = {}
+
+    def add(self, flight: InFlight) -> None:
+        self._by_key[flight.key] = flight
+        self._by_request[flight.request_id] = flight
+
+    def forget(self, flight: InFlight) -> None:
+        """The job leaves this worker (finished, refused, or given up)."""
+        if self._by_request.get(flight.request_id) is flight:
+            del self._by_request[flight.request_id]
+            del self._by_key[flight.key]
+        if flight.timer is not None:
+            flight.timer.cancel()
+
+    def get(self, key: JobKey) -> InFlight | None:
+        return self._by_key.get(key)
+
+    def of_request(self, request_id: str) -> InFlight | None:
+        return self._by_request.get(request_id)
+
+    def __iter__(self) -> Iterator[InFlight]:
+        return iter(list(self._by_key.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
 
 
 class Attempts:

@@ -11,6 +11,7 @@ redeliveries, results, steps) follow them.
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from queue_schemas import JobResult, JobStatus
 from worker.outputs import RequestDelta
 from worker.service.engine_protocol import EngineCounters, StepOutput
 
@@ -44,22 +45,31 @@ def token_buckets(max_value: int) -> list[int]:
         exponent += 1
 
 
+MODEL = ["model_name"]
+
+
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str, max_model_len: int) -> None:
         self.registry = registry
         self.model_name = model_name
-        registry, model = self.registry, ["model_name"]
+        self._add_engine()
+        self._add_requests(token_buckets(max_model_len))
+        self._add_fleet()
+        self._counted = EngineCounters()
+        self._last_token_at: dict[str, float] = {}  # by request id
 
-        def gauge(name: str, doc: str, labels: list[str] = model) -> Gauge:
-            return Gauge(f"genfleet:{name}", doc, labels, registry=registry)
+    def _gauge(self, name: str, doc: str, labels: list[str] = MODEL) -> Gauge:
+        return Gauge(f"genfleet:{name}", doc, labels, registry=self.registry)
 
-        def counter(name: str, doc: str, labels: list[str] = model) -> Counter:
-            return Counter(f"genfleet:{name}", doc, labels, registry=registry)
+    def _counter(self, name: str, doc: str, labels: list[str] = MODEL) -> Counter:
+        return Counter(f"genfleet:{name}", doc, labels, registry=self.registry)
 
-        def histogram(name: str, doc: str, buckets: tuple | list) -> Histogram:
-            return Histogram(f"genfleet:{name}", doc, model, buckets=buckets, registry=registry)
+    def _histogram(self, name: str, doc: str, buckets: tuple | list) -> Histogram:
+        return Histogram(f"genfleet:{name}", doc, MODEL, buckets=buckets, registry=self.registry)
 
-        tokens = token_buckets(max_model_len)
+    def _add_engine(self) -> None:
+        """vLLM's engine gauges and counters."""
+        gauge, counter = self._gauge, self._counter
         self.running = gauge("num_requests_running", "Number of requests in model execution")
         self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed")
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage")
@@ -79,6 +89,10 @@ class WorkerMetrics:
             "Count of processed requests, by finish reason",
             ["model_name", "finished_reason"],
         )
+
+    def _add_requests(self, tokens: list[int]) -> None:
+        """vLLM's per-request and per-step histograms."""
+        histogram = self._histogram
         self.ttft = histogram(
             "time_to_first_token_seconds",
             "Time to first token, from when the worker took the job",
@@ -119,7 +133,10 @@ class WorkerMetrics:
         self.batch_size = histogram(
             "engine_batch_size", "Sequences run in one engine step", BATCH_BUCKETS
         )
-        # The fleet's own.
+
+    def _add_fleet(self) -> None:
+        """The fleet's own: partitions, lag, dead letters, redeliveries, results."""
+        gauge, counter = self._gauge, self._counter
         self.partitions_assigned = gauge(
             "partitions_assigned", "Jobs-topic partitions this worker owns", []
         )
@@ -140,8 +157,17 @@ class WorkerMetrics:
         self.results = counter(
             "results_produced", "Results produced to the results topic", ["status"]
         )
-        self._counted = EngineCounters()
-        self._last_token_at: dict[str, float] = {}  # by request id
+        self.expired = counter(
+            "jobs_expired",
+            "Jobs whose deadline passed: before they started (queued) or while they ran",
+            ["stage"],
+        )
+
+    def count_result(self, result: JobResult) -> None:
+        """A result on the results topic, by status; an expired one by when it expired."""
+        self.results.labels(result.status.value).inc()
+        if result.status is JobStatus.EXPIRED:
+            self.expired.labels("queued" if result.started_at is None else "running").inc()
 
     def record_step(self, step: StepOutput) -> None:
         model = self.model_name

@@ -12,7 +12,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from queue_schemas import JobRequest
 from queue_schemas.bounds import JobId, TenantName
-from worker.sampling_params import SamplingParams
 
 
 @dataclass
@@ -83,10 +82,3 @@ def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
         if owner is None:
             return Rejected(f"invalid job: {problems}", INVALID)
         return Rejected(f"invalid job: {problems}", INVALID, *owner)
-
-
-def sampling_params(job: JobRequest) -> SamplingParams:
-    options = job.sampling
-    # The constraint is passed as the validated model: its schema was checked on parsing.
-    fields = options.model_dump(exclude={"structured_outputs"})
-    return SamplingParams(**fields, structured_outputs=options.structured_outputs)

@@ -9,9 +9,10 @@ from datetime import UTC, datetime
 from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
 from queue_schemas import Usage as WireUsage
 from queue_schemas.messages import now
+from queue_schemas.versioning import MODEL_DEFAULTS_VERSION, SCHEMA_VERSION
 from worker.service.engine_protocol import Output
 from worker.service.flights import InFlight
-from worker.service.intake import REFUSED, Rejected, reason_for
+from worker.service.records import REFUSED, Rejected, reason_for
 
 
 def _epoch(seconds: float | None) -> datetime | None:
@@ -69,12 +70,21 @@ def _joined(first: TokenEvent, then: TokenEvent) -> TokenEvent:
 
 
 def finished_result(flight: InFlight, output: Output, worker: str) -> JobResult:
-    """The result of a flight whose last delta this is (completed, or cancelled by abort)."""
+    """The result of a flight whose last delta this is: completed, or ended by an abort
+    (cancelled, or expired when its deadline aborted it)."""
     delta = output.delta
+    status, error, version = JobStatus.COMPLETED, None, SCHEMA_VERSION
+    if delta.finish_reason == "abort":
+        status = JobStatus.CANCELLED
+        if flight.expired:
+            status, version = JobStatus.EXPIRED, MODEL_DEFAULTS_VERSION
+            error = f"{_deadline_text(flight.expires_at)} passed while it ran"
     return JobResult(
+        schema_version=version,
         job_id=flight.job.job_id,
         tenant=flight.job.tenant,
-        status=JobStatus.CANCELLED if delta.finish_reason == "abort" else JobStatus.COMPLETED,
+        status=status,
+        error=error,
         text=flight.text,
         token_ids=flight.token_ids,
         finish_reason=delta.finish_reason,
@@ -84,6 +94,7 @@ def finished_result(flight: InFlight, output: Output, worker: str) -> JobResult:
             completion_tokens=delta.usage.completion_tokens,
             cached_tokens=delta.usage.cached_tokens,
         ),
+        sampling=flight.sampling,
         metadata=flight.job.metadata,
         worker=worker,
         created_at=flight.job.created_at,
@@ -105,6 +116,27 @@ def cancelled_result(job: JobRequest, worker: str) -> JobResult:
         created_at=job.created_at,
         finished_at=now(),
     )
+
+
+def expired_result(job: JobRequest, worker: str, expires_at: datetime | None) -> JobResult:
+    """A job whose deadline passed before any worker started it."""
+    return JobResult(
+        schema_version=MODEL_DEFAULTS_VERSION,
+        job_id=job.job_id,
+        tenant=job.tenant,
+        status=JobStatus.EXPIRED,
+        finish_reason="abort",
+        error=f"{_deadline_text(expires_at)} passed before the job started",
+        metadata=job.metadata,
+        worker=worker,
+        created_at=job.created_at,
+        finished_at=now(),
+    )
+
+
+def _deadline_text(expires_at: datetime | None) -> str:
+    when = "?" if expires_at is None else expires_at.isoformat(timespec="milliseconds")
+    return f"the job's deadline ({when})"
 
 
 def rejected_result(rejected: Rejected, reason: str, worker: str) -> JobResult | None:

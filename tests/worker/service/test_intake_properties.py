@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from producer_api.auth import Tenant
-from producer_api.openai_routes import jobs_for
-from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest
+from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest
+from producer_api.services.runs import jobs_for
 from queue_schemas import JobRequest
 from queue_schemas.bounds import MAX_RECORD_BYTES
 from tests.slow import SLOW
@@ -20,8 +20,8 @@ from tests.strategies import chat_bodies, completion_bodies, job_records, json_v
 from worker import SamplingParams
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
-from worker.service.intake import Rejected, parse_job, sampling_params
 from worker.service.job_prompts import engine_prompt, longest_token_bytes
+from worker.service.records import Rejected, parse_job
 
 SETTINGS = hypothesis.settings(
     max_examples=400 if SLOW else 150,
@@ -62,7 +62,7 @@ class Served:
         self._ids += 1
         try:
             prompt = engine_prompt(job, self.engine.tokenizer, self.max_prompt_bytes)
-            self.engine.add_request(request_id, prompt, sampling_params(job), job.priority)
+            self.engine.add_request(request_id, prompt, job.requested_sampling(), job.priority)
         except ValueError as refusal:  # the worker's dead letter and failed result
             assert str(refusal)
             self._count("refused")

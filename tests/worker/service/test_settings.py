@@ -18,12 +18,12 @@ def test_a_cpu_engine_leaves_one_core_to_the_service_from_four_cores(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
     monkeypatch.setattr("worker.service.engine_threads.CGROUP_CPU_MAX", NO_CGROUP)
-    assert WorkerSettings(device="cpu").engine_config().cpu_threads == threads
+    assert WorkerSettings(device="cpu").engine_config().engine_threads == threads
 
 
 def test_engine_threads_given_are_taken_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
-    assert WorkerSettings(engine_threads=16).engine_config().cpu_threads == 16
+    assert WorkerSettings(engine_threads=16).engine_config().engine_threads == 16
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         WorkerSettings(engine_threads=0)
 

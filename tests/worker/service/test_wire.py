@@ -10,7 +10,7 @@ from queue_schemas import JobRequest, JobStatus
 from worker.outputs import FinishReason, RequestDelta, Timings, Usage
 from worker.service.engine_protocol import Output
 from worker.service.flights import Attempts, InFlight, Record
-from worker.service.intake import Rejected
+from worker.service.records import Rejected
 from worker.service.wire import (
     cancelled_result,
     finished_line,
