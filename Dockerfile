@@ -21,7 +21,6 @@ COPY queue_schemas queue_schemas
 COPY kernels kernels
 COPY worker worker
 COPY producer_api producer_api
-COPY benchmarks benchmarks
 
 FROM base AS cpu
 RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \

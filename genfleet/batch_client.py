@@ -18,7 +18,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from producer_api.file_store import written_atomically
+from producer_api.stores.files import written_atomically
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 console = Console(stderr=True)

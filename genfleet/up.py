@@ -25,19 +25,23 @@ from rich.console import Console
 
 from genfleet.local_fleet import LocalFleet, local_fleet
 from genfleet.processes import FleetProcess
+from genfleet.settings_flags import add_settings_arguments, as_flags, given_settings
+from worker.config import EngineConfig
+from worker.model_fetch import DEFAULT_MODEL
 from worker.service.engine_threads import cpu_engine_threads, usable_cores
 
 READY_TIMEOUT_S = 300.0
 API_STOP_S = 10.0
 BATCH_LINES_PER_WORKER = 16
 FIRST_PROMPT = "What is the capital of France? Answer in one sentence."
+SHOWN_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens")
 
 console = Console(soft_wrap=True)  # URLs and commands stay whole in a log
 
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    """``up``'s own flags, and every engine knob (``EngineConfig``), passed to each worker."""
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="model folder or name")
     parser.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
     parser.add_argument(
         "--metrics-port",
@@ -52,6 +56,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-first-request", action="store_true", help="do not send the first request"
     )
+    add_settings_arguments(parser.add_argument_group("engine (each worker's)"), EngineConfig)
 
 
 def _check_port_free(port: int, what: str) -> None:
@@ -130,22 +135,29 @@ def _print_welcome(api_url: str, worker_urls: list[str], model: str, log_dir: Pa
 
 
 def _first_request(api_url: str, model: str) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": FIRST_PROMPT}],
-        "max_tokens": 48,
-        "temperature": 0,
-    }
+    """The banner's own request, as a client with the openai client's defaults sends it
+    (no sampling fields), and the sampling the fleet applied to it."""
+    body = {"model": model, "messages": [{"role": "user", "content": FIRST_PROMPT}]}
     started = time.monotonic()
     try:
         reply = httpx.post(f"{api_url}/v1/chat/completions", json=body, timeout=120)
         reply.raise_for_status()
-        answer = reply.json()["choices"][0]["message"]["content"].strip()
+        completion = reply.json()
+        answer = completion["choices"][0]["message"]["content"].strip()
+        job = httpx.get(f"{api_url}/v1/jobs/{completion['id']}-0", timeout=10).json()
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
         console.print(f"[yellow]the first request failed: {error!r}; the fleet serves on[/]")
         return
     console.print(f"\n> {FIRST_PROMPT}\n{answer}", highlight=False, markup=False)
     console.print(f"[dim]({time.monotonic() - started:.1f} s through the whole fleet)[/]")
+    applied = job.get("sampling") or {}
+    shown = ", ".join(f"{name}={applied[name]}" for name in SHOWN_SAMPLING if name in applied)
+    console.print(
+        f"[dim]sampled with {shown}: the model's defaults for fields a request leaves unset "
+        "(--override-generation-config JSON to change them, --generation-config vllm for "
+        "none)[/]",
+        highlight=False,
+    )
 
 
 def _serve(fleet: LocalFleet, stop: threading.Event) -> None:
@@ -165,7 +177,12 @@ def run_up(args: argparse.Namespace) -> int:
     _check_port_free(args.port, "the API")
     for port in metrics_ports:
         _check_port_free(port, "a worker's metrics")
-    model = _model_folder(args.model)
+    engine = given_settings(args, EngineConfig)
+    EngineConfig(**engine)  # a knob out of bounds stops here, not in every worker
+    model = _model_folder(engine.pop("model", DEFAULT_MODEL))
+    if args.workers > 1 and "engine_threads" not in engine:
+        # Several workers share this host's cores (all but one from four cores).
+        engine["engine_threads"] = max(1, cpu_engine_threads(usable_cores()) // args.workers)
     served_name = model.name  # what the API serves and the workers' metrics are labelled
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="genfleet-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -174,14 +191,13 @@ def run_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     redis_dir = None if args.data_dir is None else args.data_dir / "redis"
     with local_fleet(model, log_dir, redis_data_dir=redis_dir, own_group=True) as fleet:
-        # Several workers share this host's cores (all but one from four cores).
-        threads = max(1, cpu_engine_threads(usable_cores()) // args.workers)
-        share = ["--engine-threads", str(threads)] if args.workers > 1 else []
         for port in metrics_ports:
-            fleet.start_worker("--metrics-host", "127.0.0.1", "--metrics-port", str(port), *share)
+            metrics = ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+            fleet.start_worker(*metrics, *as_flags(engine))
         shared = ["--model", served_name, "--files-dir", str((args.data_dir or log_dir) / "files")]
-        # A window of a quarter of each worker's sequences keeps interactive TTFT near
-        # the idle fleet's on CPU workers (README, "Interactive requests while a batch runs").
+        # A window of a quarter of each worker's sequences keeps interactive TTFT near the
+        # idle fleet's on CPU workers (docs/benchmarks.md, "Interactive requests while a
+        # batch runs").
         window = str(BATCH_LINES_PER_WORKER * args.workers)
         fleet.start_batch_runner(*shared, "--batch-max-in-flight", window)
         api = fleet.start_api("--host", "127.0.0.1", *shared, port=args.port)

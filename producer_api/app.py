@@ -10,17 +10,11 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer_api import (
-    batches_routes,
-    files_routes,
-    health_routes,
-    jobs_routes,
-    openai_routes,
-)
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import ApiError, install_error_handlers
-from producer_api.fleet import Fleet
 from producer_api.metrics import ApiMetrics, RequestMetricsMiddleware
+from producer_api.routes import batches, files, health, jobs, openai
+from producer_api.services.fleet import Fleet
 from producer_api.settings import LOOPBACK, ApiSettings
 from queue_schemas.logs import configure_logging
 
@@ -63,7 +57,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app.add_exception_handler(RedisConnectionError, redis_down)
     app.add_exception_handler(RedisTimeoutError, redis_down)
-    for module in (jobs_routes, openai_routes, files_routes, batches_routes, health_routes):
+    for module in (jobs, openai, files, batches, health):
         app.include_router(module.router)
     # Outermost last: metrics see every response, the 413s of the body cap included.
     app.add_middleware(

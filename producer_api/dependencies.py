@@ -6,7 +6,8 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from producer_api.auth import Tenant
-from producer_api.fleet import Fleet
+from producer_api.services.deadlines import DeadlineHeaders, deadline_headers
+from producer_api.services.fleet import Fleet
 
 _bearer = HTTPBearer(auto_error=False, description="API key: 'Authorization: Bearer <key>'")
 
@@ -24,3 +25,4 @@ def get_tenant(
 
 FleetDep = Annotated[Fleet, Depends(get_fleet)]
 TenantDep = Annotated[Tenant, Depends(get_tenant)]
+DeadlineDep = Annotated[DeadlineHeaders, Depends(deadline_headers)]

@@ -35,6 +35,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -42,7 +43,9 @@ class ApiError(Exception):
         self.kind = kind or _KIND_BY_STATUS.get(status, "invalid_request_error")
         self.param = param
         self.code = code
-        self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
+        if retry_after_s:
+            self.headers["Retry-After"] = str(retry_after_s)
 
     def body(self) -> dict:
         return {
@@ -55,8 +58,7 @@ class ApiError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
 
 
 def _field(location: tuple) -> str:

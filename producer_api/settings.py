@@ -7,6 +7,7 @@ from pydantic import Field
 
 from queue_schemas.bounds import MAX_BODY_BYTES
 from queue_schemas.fleet_settings import FleetSettings
+from queue_schemas.jobs import MAX_TIMEOUT_S
 
 LOOPBACK = "127.0.0.1"
 
@@ -39,6 +40,16 @@ class ApiSettings(FleetSettings):
         gt=0,
         description="batch runner: how often it looks at every batch (new ones, cancels, "
         "expiry); a batch job's result wakes it sooner",
+    )
+    # Deadlines of requests that give none (``services.deadlines``); off unless set.
+    jobs_timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="/v1/jobs: seconds a job may take to finish"
+    )
+    chat_completions_timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="/v1/chat/completions: seconds to finish"
+    )
+    completions_timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="/v1/completions: seconds to finish"
     )
     # Fleet admission for the OpenAI routes (``backlog``); /v1/jobs always queues.
     max_queued_jobs: int | None = Field(

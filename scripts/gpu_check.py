@@ -166,10 +166,10 @@ def _summary_rows(rows) -> list[str]:
 
 
 def bench(folder: Path) -> str:
-    from benchmarks.engine_driver import run_engine
-    from benchmarks.hf_baseline import load_hf_model, run_hf
-    from benchmarks.run import poisson_rate, verdict, warm
-    from benchmarks.workloads import make_workload
+    from genfleet.bench.engine_driver import run_engine
+    from genfleet.bench.hf_baseline import load_hf_model, run_hf
+    from genfleet.bench.run import poisson_rate, verdict, warm
+    from genfleet.bench.workloads import make_workload
     from worker.engine import load_tokenizer
 
     tokenizer = load_tokenizer(folder)

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from producer_api.health_routes import router as api_health_router
 from producer_api.metrics import ApiMetrics
+from producer_api.routes.health import router as api_health_router
 from producer_api.settings import ApiSettings
 from queue_schemas import Names
 from worker.service.health import health_app

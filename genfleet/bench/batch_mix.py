@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
-from benchmarks.fleet import FleetRequest, stream_completion
-from benchmarks.workloads import BenchRequest, make_workload
+from genfleet.bench.fleet import FleetRequest, stream_completion
+from genfleet.bench.workloads import BenchRequest, make_workload
 from genfleet.local_fleet import local_fleet
 
 INTERACTIVE = 20

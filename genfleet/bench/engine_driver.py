@@ -3,8 +3,8 @@
 import time
 from collections.abc import Callable
 
-from benchmarks.metrics import RequestTiming, RunSummary, summarize
-from benchmarks.workloads import BenchRequest
+from genfleet.bench.metrics import RequestTiming, RunSummary, summarize
+from genfleet.bench.workloads import BenchRequest
 from worker import LLMEngine, SamplingParams
 
 

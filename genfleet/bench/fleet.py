@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer
 
-from benchmarks.metrics import RequestTiming, RunSummary, summarize
-from benchmarks.workloads import BenchRequest
+from genfleet.bench.metrics import RequestTiming, RunSummary, summarize
+from genfleet.bench.workloads import BenchRequest
 from genfleet.local_fleet import local_fleet
 from queue_schemas import JobResult, Names
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from benchmarks.metrics import RequestTiming, RunSummary, summarize
-from benchmarks.workloads import BenchRequest
+from genfleet.bench.metrics import RequestTiming, RunSummary, summarize
+from genfleet.bench.workloads import BenchRequest
 
 
 class _FirstStepClock(LogitsProcessor):

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
-from benchmarks.engine_driver import run_engine
-from benchmarks.hf_baseline import load_hf_model, run_hf
-from benchmarks.metrics import RunSummary
-from benchmarks.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
+from genfleet.bench.engine_driver import run_engine
+from genfleet.bench.hf_baseline import load_hf_model, run_hf
+from genfleet.bench.metrics import RunSummary
+from genfleet.bench.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.config import DTYPES
 from worker.engine import load_tokenizer
@@ -92,8 +92,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         raise ValueError("the benchmark needs a model folder with a tokenizer")
     console = Console()
     if args.batch_mix:
-        from benchmarks.batch_mix import run_batch_mix
-        from benchmarks.fleet import worker_flags
+        from genfleet.bench.batch_mix import run_batch_mix
+        from genfleet.bench.fleet import worker_flags
 
         flags = worker_flags(_worker_settings(args, folder))
         window = args.batch_max_in_flight
@@ -151,7 +151,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
 def _structured_benchmark(
     args: argparse.Namespace, folder: Path, tokenizer: PreTrainedTokenizerBase, console: Console
 ) -> int:
-    from benchmarks.structured import run_structured
+    from genfleet.bench.structured import run_structured
 
     dtypes = _split(args.dtypes, DTYPES) if args.dtypes else ["auto"]
     if len(dtypes) != 1:
@@ -199,7 +199,7 @@ def _fleet_benchmark(
 ) -> int:
     """The offline engine on each workload, then the fleet on the same requests."""
     # The fleet's modules (Kafka, the wire schemas) only where the fleet runs.
-    from benchmarks.fleet import run_fleet, worker_flags
+    from genfleet.bench.fleet import run_fleet, worker_flags
 
     settings = _worker_settings(args, folder)
     dtype = settings.dtype

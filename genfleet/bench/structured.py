@@ -12,9 +12,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.engine_driver import fixed_length, run_engine
-from benchmarks.metrics import RunSummary
-from benchmarks.workloads import OUTPUT_TOKENS, BenchRequest
+from genfleet.bench.engine_driver import fixed_length, run_engine
+from genfleet.bench.metrics import RunSummary
+from genfleet.bench.workloads import OUTPUT_TOKENS, BenchRequest
 from queue_schemas import StructuredOutputs
 from worker import LLMEngine, SamplingParams
 

@@ -3,20 +3,19 @@
 Every ``batch_tick_s`` (a second), and sooner when one of their jobs' results
 comes in, it walks the active batches (``BatchStore``):
 - ``validating``: reads the input file and checks every line as its route would
-  (``batch_schema.read_input``); an invalid file fails the batch with the lines'
+  (``schemas.batches.read_input``); an invalid file fails the batch with the lines'
   errors and runs nothing;
-- ``in_progress``: submits the lines as fleet jobs (each line's jobs are the ones
-  its route would submit, ``build_run``) to the batch lane, a topic of its own
-  that workers stop reading before the interactive one when their KV cache runs
-  short; at most ``batch_max_in_flight`` lines unfinished at a time (the lane's
-  backlog stays a window, visible as lag, not the whole batch), with
-  ``BATCH_PRIORITY`` added to their priority, so a worker's engine schedules
-  interactive jobs first;
+- ``in_progress``: submits the lines as fleet jobs (``lines``: the jobs each line's
+  route would submit, behind interactive ones, with the batch's expiry as their
+  deadline) to the batch lane, a topic of its own that workers stop reading before
+  the interactive one when their KV cache runs short; at most
+  ``batch_max_in_flight`` lines unfinished at a time (the lane's backlog stays a
+  window, visible as lag, not the whole batch);
 - a cancel asked: ``cancelling``: stops submitting, cancels the lines' unfinished
   jobs, waits for their results, then ``cancelled`` with what had finished;
 - past ``expires_at``: cancels what is unfinished, ``expired`` with what finished;
 - every line done: ``finalizing``, then the output and error files in input
-  order, and ``completed``.
+  order (``output``), and ``completed``.
 
 Meanwhile it reads the results topic in its own consumer group and records each
 batch job's result once in Redis, committing offsets only after. Everything it
@@ -27,43 +26,35 @@ submitted again under the same job ids.
 
 import asyncio
 import contextlib
-import io
-import json
 import logging
 import signal
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from producer_api.auth import Tenant
-from producer_api.batch_schema import (
+from producer_api.batch_runner.lines import Line, as_lines, batch_of, count_progress, slim
+from producer_api.batch_runner.output import write_files
+from producer_api.errors import ApiError
+from producer_api.metrics import ApiMetrics
+from producer_api.schemas.batches import (
     MAX_ERRORS,
     BatchError,
     BatchErrors,
     BatchObject,
     BatchRequest,
     BatchStatus,
-    BatchUsage,
     read_input,
 )
-from producer_api.errors import ApiError
-from producer_api.fleet import Fleet
-from producer_api.job_store import EventCursor
-from producer_api.metrics import ApiMetrics
-from producer_api.openai_format import usage_body
-from producer_api.openai_routes import Run, build_run
+from producer_api.services.fleet import Fleet
 from producer_api.settings import ApiSettings
-from queue_schemas import JobResult, JobStatus, TokenEvent
-from queue_schemas.bounds import INT32_MAX
+from queue_schemas import JobResult
 from queue_schemas.logs import configure_logging
 from queue_schemas.topics import ensure_topics
 
 log = logging.getLogger("genfleet.batch")
-BATCH_PRIORITY = 1000  # added to each line's own: interactive jobs (0 by default) go first
 # A result wakes the runner at most this often, and after at least nine times the
 # last walk's duration: a walk reads every line of every active batch.
 MIN_WAKE_GAP_S = 0.1
@@ -72,18 +63,6 @@ CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold 
 RETRY_S = 1.0
 # What an outage of Redis, Kafka or the files folder raises: waited out, never fatal.
 OUTAGES = (RedisError, KafkaError, OSError, ApiError)
-
-
-@dataclass
-class Line:
-    """One request of a batch, as the jobs its route would submit."""
-
-    custom_id: str
-    run: Run
-
-    @property
-    def job_ids(self) -> list[str]:
-        return self.run.job_ids
 
 
 class BatchRunner:
@@ -186,7 +165,7 @@ class BatchRunner:
             return  # not a batch's job, or a batch this fleet never made
         new = await self.store.record_result(result.tenant, batch_id, result)
         if new and batch_id in self._done:
-            self._done[batch_id][result.job_id] = _slim(result)
+            self._done[batch_id][result.job_id] = slim(result)
         if new:
             self._result_came.set()
 
@@ -223,7 +202,7 @@ class BatchRunner:
             await self._final(batch, "completed", lines)
         else:
             await self._submit(batch, lines, submitted, lines_done)
-            self._count(batch, lines, done)
+            count_progress(batch, lines, done)
             await self.store.save(batch)
 
     async def _validate(self, batch: BatchObject) -> bool:
@@ -243,7 +222,7 @@ class BatchRunner:
             return False
         batch.status, batch.in_progress_at = "in_progress", now
         batch.request_counts.total = len(requests)
-        self._lines[batch.id] = self._as_lines(batch, requests)
+        self._lines[batch.id] = as_lines(batch, requests, self.settings.model)
         await self.store.save(batch)
         log.info("batch %s: %d requests", batch.id, len(requests))
         return True
@@ -258,26 +237,15 @@ class BatchRunner:
         """The lines validation made, or (after a restart) the input read again."""
         if batch.id not in self._lines:
             requests, _ = await self._read_input(batch)
-            self._lines[batch.id] = self._as_lines(batch, requests)
+            self._lines[batch.id] = as_lines(batch, requests, self.settings.model)
         return self._lines[batch.id]
-
-    def _as_lines(self, batch: BatchObject, requests: list[BatchRequest]) -> list[Line]:
-        """Each request as the jobs its route would submit, behind interactive priority."""
-        tenant = Tenant(tenant=batch.tenant)
-        lines = []
-        for request in requests:
-            priority = min(request.body.priority + BATCH_PRIORITY, INT32_MAX)
-            body = request.body.model_copy(update={"priority": priority})
-            run = build_run(body, f"{batch.id}-{request.line}", self.settings.model, tenant)
-            lines.append(Line(request.custom_id, run))
-        return lines
 
     async def _finished_jobs(self, batch: BatchObject) -> dict[str, JobResult]:
         if batch.id not in self._done:
             # In place before the read: a result taken meanwhile lands here, not nowhere.
             done = self._done[batch.id] = {}
             results = await self.store.results(batch)
-            done.update({job_id: _slim(r) for job_id, r in results.items()})
+            done.update({job_id: slim(r) for job_id, r in results.items()})
         return self._done[batch.id]
 
     async def _submit(
@@ -303,22 +271,6 @@ class BatchRunner:
                 await self.fleet.cancel(tenant, job_id)
         self._cancelled_jobs.add(batch.id)
 
-    def _count(self, batch: BatchObject, lines: list[Line], done: dict[str, JobResult]) -> None:
-        """Progress so far: lines completed and failed, the completed ones' usage."""
-        completed = failed = 0
-        usage = BatchUsage()
-        for line in lines:
-            results = [done.get(job_id) for job_id in line.job_ids]
-            statuses = [None if r is None else r.status for r in results]
-            if JobStatus.FAILED in statuses:
-                failed += 1
-            elif all(status is JobStatus.COMPLETED for status in statuses):
-                completed += 1
-                finished = [r for r in results if r is not None]
-                add_usage(usage, usage_body(finished, line.run.choices_per_prompt))
-        batch.request_counts.completed, batch.request_counts.failed = completed, failed
-        batch.usage = usage
-
     async def _final(self, batch: BatchObject, status: BatchStatus, lines: list[Line]) -> None:
         """Write the output and error files of the lines that finished, then the status."""
         if status == "completed":
@@ -326,65 +278,20 @@ class BatchRunner:
             # keeps its status, so a runner restarted meanwhile finishes it the same way.
             batch.status, batch.finalizing_at = "finalizing", int(time.time())
             await self.store.save(batch)
-        results = await self.store.results(batch)
-        output, errors = io.BytesIO(), io.BytesIO()
-        usage = BatchUsage()
-        completed = failed = 0
-        for line in lines:
-            written = await self._output_line(line, [results.get(i) for i in line.job_ids])
-            if written is None:
-                continue
-            is_error, entry, line_usage = written
-            target = errors if is_error else output
-            target.write(json.dumps(entry).encode() + b"\n")
-            if is_error:
-                failed += 1
-            else:
-                completed += 1
-                add_usage(usage, line_usage)
-        batch.output_file_id = await self._save(batch, output, "output")
-        batch.error_file_id = await self._save(batch, errors, "error")
-        batch.request_counts.completed, batch.request_counts.failed = completed, failed
-        batch.usage = usage
+        written = await write_files(self.fleet, batch, lines, await self.store.results(batch))
+        batch.output_file_id, batch.error_file_id = written.output_file_id, written.error_file_id
+        batch.request_counts.completed = written.completed
+        batch.request_counts.failed = written.failed
+        batch.usage = written.usage
         batch.status = status
         setattr(batch, f"{status}_at", int(time.time()))
         await self.store.save(batch)
         await self.store.drop_results(batch)  # the files hold them now
         self._forget(batch.id)
-        log.info("batch %s %s: %d completed, %d failed", batch.id, status, completed, failed)
-
-    async def _output_line(
-        self, line: Line, results: list[JobResult | None]
-    ) -> tuple[bool, dict[str, Any], dict[str, Any]] | None:
-        """(is an error, the file's line, usage) of a finished line; None if unfinished."""
-        if any(r is None or r.status is JobStatus.CANCELLED for r in results):
-            return None
-        run = line.run
-        finished = [r for r in results if r is not None]
-        entry: dict[str, Any] = {"id": f"batch_req_{run.id}", "custom_id": line.custom_id}
-        failure = next((r for r in finished if r.status is JobStatus.FAILED), None)
-        if failure is not None:
-            error = {"code": "job_failed", "message": failure.error or "the job failed"}
-            return True, {**entry, "response": None, "error": error}, {}
-        events = [await self._token_events(run, r) for r in finished]
-        body = run.whole(finished, events)
-        response = {"status_code": 200, "request_id": run.id, "body": body}
-        return False, {**entry, "response": response, "error": None}, body["usage"]
-
-    async def _token_events(self, run: Run, result: JobResult) -> list[TokenEvent]:
-        """A job's token events, where the line asked for logprobs (the only use of them)."""
-        if run.shape.top is None:
-            return []
-        history = await self.fleet.store.history(result.tenant, result.job_id, EventCursor())
-        return [event for event in history if isinstance(event, TokenEvent)]
-
-    async def _save(self, batch: BatchObject, content: io.BytesIO, kind: str) -> str | None:
-        if not content.tell():
-            return None
-        content.seek(0)
-        name = f"{batch.id}_{kind}.jsonl"
-        saved = await self.fleet.files.save(batch.tenant, content, name, "batch_output")
-        return saved.id
+        log.info(
+            "batch %s %s: %d completed, %d failed",
+            batch.id, status, written.completed, written.failed,
+        )  # fmt: skip
 
     def _forget(self, batch_id: str) -> None:
         self._lines.pop(batch_id, None)
@@ -400,26 +307,6 @@ async def _until_set(events: list[asyncio.Event], timeout_s: float) -> None:
     finally:
         for wait in waits:
             wait.cancel()
-
-
-def _slim(result: JobResult) -> JobResult:
-    return result.model_copy(update={"text": "", "token_ids": []})
-
-
-def add_usage(total: BatchUsage, line: dict[str, Any]) -> None:
-    """Add one line's ``usage`` (the route's shape) to the batch's."""
-    total.input_tokens += line["prompt_tokens"]
-    total.input_tokens_details.cached_tokens += line["prompt_tokens_details"]["cached_tokens"]
-    total.output_tokens += line["completion_tokens"]
-    total.total_tokens = total.input_tokens + total.output_tokens
-
-
-def batch_of(job_id: str) -> str | None:
-    """The batch a job belongs to: its ids are ``{batch id}-{line}-{choice}``."""
-    if not job_id.startswith("batch_"):
-        return None
-    parts = job_id.rsplit("-", 2)
-    return parts[0] if len(parts) == 3 else None
 
 
 def run_batch_runner(settings: ApiSettings) -> int:

@@ -8,10 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from producer_api.batch_schema import BatchCreate, BatchObject
-from producer_api.cursor_page import CursorPage
 from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
+from producer_api.schemas.batches import BatchCreate, BatchObject
+from producer_api.schemas.cursor_page import CursorPage
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

@@ -6,10 +6,10 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from producer_api.cursor_page import CursorPage
 from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
-from producer_api.file_store import FileObject, FileTooLarge, TooManyLines
+from producer_api.schemas.cursor_page import CursorPage
+from producer_api.stores.files import FileObject, FileTooLarge, TooManyLines
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

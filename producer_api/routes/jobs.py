@@ -1,76 +1,37 @@
 """``/v1/jobs``: submit, look up, stream and cancel asynchronous jobs."""
 
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
-from pydantic import BaseModel, ConfigDict
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from producer_api.dependencies import FleetDep, TenantDep
+from producer_api.dependencies import DeadlineDep, FleetDep, TenantDep
 from producer_api.errors import ApiError
-from producer_api.fanout import SlowReader
-from producer_api.fleet import new_id
-from producer_api.streams import event_stream, merged_events
-from queue_schemas import JobRequest, JobResult, JobState, JobStatus, Usage
+from producer_api.schemas.jobs import JobSubmission, JobView
+from producer_api.services.fanout import SlowReader
+from producer_api.services.fleet import new_id
+from producer_api.services.streams import event_stream, merged_events
+from queue_schemas import JobResult, JobState, JobStatus
 from queue_schemas.bounds import JobId
-from queue_schemas.messages import now
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-class JobSubmission(JobRequest):
-    """A ``JobRequest`` as a client sends it: the tenant comes from the API key, and the
-    id is made here unless the client names one."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job_id: JobId | None = None  # type: ignore[assignment]
-
-    def to_job(self, tenant: str) -> JobRequest:
-        fields = self.model_dump(exclude={"job_id", "tenant", "created_at", "schema_version"})
-        return JobRequest(
-            **fields, job_id=self.job_id or new_id("job"), tenant=tenant, created_at=now()
-        )
-
-
-class JobLinks(BaseModel):
-    self: str
-    events: str
-
-
-class JobView(BaseModel):
-    id: str
-    status: JobStatus
-    text: str = ""
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    error: str | None = None
-    updated_at: datetime | None = None
-    links: JobLinks
-
-    @classmethod
-    def of(cls, state: JobState, text: str | None = None) -> "JobView":
-        return cls(
-            id=state.job_id,
-            status=state.status,
-            text=state.text if text is None else text,
-            finish_reason=state.finish_reason,
-            usage=state.usage if state.status.is_final else None,
-            error=state.error,
-            updated_at=state.updated_at,
-            links=JobLinks(
-                self=f"/v1/jobs/{state.job_id}", events=f"/v1/jobs/{state.job_id}/events"
-            ),
-        )
-
-
 @router.post("", status_code=202, response_model=JobView)
 async def submit_job(
-    submission: JobSubmission, response: Response, fleet: FleetDep, tenant: TenantDep
+    submission: JobSubmission,
+    response: Response,
+    fleet: FleetDep,
+    tenant: TenantDep,
+    deadlines: DeadlineDep,
 ) -> JobView:
-    job = submission.to_job(tenant.tenant)
+    """Queue a job; it never starts after its deadline, and stops when the deadline
+    passes while it runs (state ``expired``; ``services.deadlines`` says how to set one)."""
+    deadline = deadlines.deadline(
+        submission.deadline, submission.timeout_s, fleet.settings.jobs_timeout_s
+    )
+    job = submission.to_job(tenant.tenant, submission.job_id or new_id("job"), deadline)
     # Ids are the tenant's own (keys live under the tenant): only its own jobs clash.
     if submission.job_id is not None and await fleet.store.exists(job.tenant, job.job_id):
         raise ApiError(409, f"job id {job.job_id!r} is taken", param="job_id", code="job_exists")
@@ -109,8 +70,8 @@ async def job_events(
     ] = None,
 ) -> EventSourceResponse:
     """``token`` events (``id`` = index of the event's last token), then one final event
-    named after the job's status (``completed``, ``failed``, ``cancelled``) with the
-    ``JobResult``. Reconnect with ``Last-Event-ID`` to get exactly the events after it."""
+    named after the job's status (``completed``, ``failed``, ``cancelled``, ``expired``)
+    with the ``JobResult``. Reconnect with ``Last-Event-ID`` to get exactly the events after it."""
     await fleet.store.state(job_id, tenant.tenant)
     after = -1 if last_event_id is None else last_event_id
 

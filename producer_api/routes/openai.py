@@ -1,9 +1,8 @@
 """OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
 
-Each choice of a request is one fleet job (``{request id}-{position}``), so the
-choices run in parallel across the fleet. A non-streaming request is held open
-until every job has its result; a streaming one relays the jobs' token events
-as chunks, and a client that hangs up cancels its jobs.
+A request becomes a ``Run`` of fleet jobs (``services.runs``). A non-streaming
+request is held open until every job has its result; a streaming one relays the
+jobs' token events as chunks, and a client that hangs up cancels its jobs.
 """
 
 import asyncio
@@ -11,7 +10,6 @@ import functools
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -19,61 +17,19 @@ from fastapi.responses import JSONResponse
 from sse_starlette import ServerSentEvent
 
 from producer_api.auth import Tenant
-from producer_api.dependencies import FleetDep, TenantDep
+from producer_api.dependencies import DeadlineDep, FleetDep, TenantDep
 from producer_api.errors import ApiError
-from producer_api.fleet import Fleet, new_id
-from producer_api.openai_format import ChatShape, Shape, TextShape, created, error_body, usage_body
-from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from producer_api.streams import event_stream, merged_events
-from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
-from queue_schemas.messages import now
+from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from producer_api.schemas.openai_format import usage_body
+from producer_api.services.fleet import Fleet, new_id
+from producer_api.services.runs import Run, build_run, cancel_all, collect
+from producer_api.services.streams import event_stream, merged_events
+from queue_schemas import JobResult, JobStatus, TokenEvent
 
 log = logging.getLogger("genfleet.api")
 router = APIRouter(prefix="/v1", tags=["openai"])
 DISCONNECT_CHECK_S = 1.0
 HUNG_UP = "client hung up"
-
-
-@dataclass
-class Run:
-    """One OpenAI request as fleet jobs: ``choices_per_prompt`` consecutive jobs per prompt."""
-
-    id: str
-    model: str
-    shape: Shape
-    jobs: list[JobRequest]
-    choices_per_prompt: int
-
-    @property
-    def job_ids(self) -> list[str]:
-        return [job.job_id for job in self.jobs]
-
-    def body(self, object_name: str, **fields: Any) -> dict[str, Any]:
-        envelope = {"id": self.id, "object": object_name, "created": created(), "model": self.model}
-        return {**envelope, **fields}
-
-    def whole(self, results: list[JobResult], events: list[list[TokenEvent]]) -> dict[str, Any]:
-        """The route's response body, from every job's result (in order) and events."""
-        choices = [self.shape.whole(i, result, events[i]) for i, result in enumerate(results)]
-        usage = usage_body(results, self.choices_per_prompt)
-        return self.body(self.shape.object, choices=choices, usage=usage)
-
-
-def build_run(body: GenerationRequest, run_id: str, model: str, tenant: Tenant) -> Run:
-    """A chat or completions request body as the fleet jobs that answer it."""
-    if isinstance(body, ChatCompletionRequest):
-        messages = [message.as_chat_message() for message in body.messages]
-        prompts: list[dict[str, Any]] = [{"messages": messages}]
-        shape: Shape = ChatShape(body.top_logprobs_wanted())
-    else:
-        assert isinstance(body, CompletionRequest)
-        prompts = [
-            {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
-            for prompt in body.prompts()
-        ]
-        shape = TextShape(body.top_logprobs_wanted())
-    jobs = jobs_for(run_id, tenant, body, prompts)
-    return Run(id=run_id, model=model, shape=shape, jobs=jobs, choices_per_prompt=body.n)
 
 
 def _served_model(fleet: Fleet, requested: str | None) -> str:
@@ -85,62 +41,46 @@ def _served_model(fleet: Fleet, requested: str | None) -> str:
     return served
 
 
-def jobs_for(
-    run_id: str, tenant: Tenant, body: GenerationRequest, prompts: list[dict[str, Any]]
-) -> list[JobRequest]:
-    """n jobs per prompt; ``prompts`` hold JobRequest's prompt fields."""
-    return [
-        JobRequest(
-            job_id=f"{run_id}-{position * body.n + choice}",
-            tenant=tenant.tenant,
-            sampling=body.sampling(choice),
-            priority=body.priority,
-            metadata={"request_id": run_id},
-            created_at=now(),
-            **prompt,
-        )
-        for position, prompt in enumerate(prompts)
-        for choice in range(body.n)
-    ]
-
-
-async def _collect(
-    fleet: Fleet, tenant: Tenant, run: Run
-) -> tuple[dict[int, JobResult], list[list[TokenEvent]]]:
-    results: dict[int, JobResult] = {}
-    events: list[list[TokenEvent]] = [[] for _ in run.jobs]
-    async for position, event in merged_events(
-        fleet, tenant.tenant, run.job_ids, resume_when_slow=True
-    ):
-        if isinstance(event, JobResult):
-            results[position] = event
-        else:
-            events[position].append(event)
-    return results, events
-
-
 async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Response:
     """Wait for every choice; a client that hangs up meanwhile gets its jobs cancelled."""
-    collecting = asyncio.create_task(_collect(fleet, tenant, run))
+    collecting = asyncio.create_task(collect(fleet, tenant, run))
     while not collecting.done():
         await asyncio.wait({collecting}, timeout=DISCONNECT_CHECK_S)
         if not collecting.done() and await request.is_disconnected():
             collecting.cancel()
-            await _cancel_all(fleet, tenant, run, HUNG_UP)
+            await cancel_all(fleet, tenant, run, HUNG_UP)
             return Response(status_code=499)  # nobody reads it: nginx's "client closed"
     results, events = collecting.result()
     ordered = [results[position] for position in range(len(run.jobs))]
     for result in ordered:
-        if result.status is JobStatus.FAILED:
-            raise ApiError(400, result.error or "the job failed", code="job_failed")
+        failure = _failure(result)
+        if failure is not None:
+            raise failure
     return JSONResponse(run.whole(ordered, events))
+
+
+def _failure(result: JobResult) -> ApiError | None:
+    """The error a job's result ends its request with: a failed job's reason (400), or an
+    expired job's deadline (504, as a gateway whose upstream ran out of time; not worth
+    a retry: the openai client retries a 504 unless told ``x-should-retry: false``)."""
+    if result.status is JobStatus.FAILED:
+        return ApiError(400, result.error or "the job failed", code="job_failed")
+    if result.status is JobStatus.EXPIRED:
+        return ApiError(
+            504,
+            result.error or "the request's deadline passed",
+            kind="timeout_error",
+            code="deadline_exceeded",
+            headers={"x-should-retry": "false"},
+        )
+    return None
 
 
 async def _chunks(
     fleet: Fleet, tenant: Tenant, run: Run, include_usage: bool
 ) -> AsyncIterator[ServerSentEvent]:
-    """The SSE chunks of a streamed run, then ``[DONE]``; a failed job ends the stream
-    with an error object, as OpenAI's API does."""
+    """The SSE chunks of a streamed run, then ``[DONE]``; a failed or expired job ends
+    the stream with an error object, as OpenAI's API does."""
     shape = run.shape
     extra = {"usage": None} if include_usage else {}
 
@@ -157,10 +97,10 @@ async def _chunks(
     ):
         if isinstance(event, TokenEvent):
             yield chunk(shape.delta(position, event))
-        elif event.status is JobStatus.FAILED:
+        elif (failure := _failure(event)) is not None:
             # The other choices are of no use now: free their blocks too.
-            await _cancel_all(fleet, tenant, run, "a sibling choice failed")
-            yield ServerSentEvent(json.dumps(error_body(event.error or "failed", "job_failed")))
+            await cancel_all(fleet, tenant, run, f"a sibling choice {event.status.value}")
+            yield ServerSentEvent(json.dumps(failure.body()))
             break
         else:
             results[position] = event
@@ -173,16 +113,6 @@ async def _chunks(
     yield ServerSentEvent("[DONE]")
 
 
-async def _cancel_all(fleet: Fleet, tenant: Tenant, run: Run, why: str) -> None:
-    """Cancel the run's unfinished jobs, so their KV blocks serve others."""
-    for job_id in run.job_ids:
-        try:
-            await fleet.cancel(tenant, job_id)
-            log.info("%s: cancelled %s", why, job_id, extra={"job_id": job_id})
-        except ApiError:
-            pass  # finished already
-
-
 async def _respond(
     fleet: Fleet, tenant: Tenant, body: GenerationRequest, run: Run, request: Request
 ) -> Response:
@@ -190,7 +120,7 @@ async def _respond(
     await fleet.submit(tenant, run.jobs, route=request.url.path)
     if body.stream:
         chunks = _chunks(fleet, tenant, run, body.include_usage)
-        hang_up = functools.partial(_cancel_all, fleet, tenant, run, HUNG_UP)
+        hang_up = functools.partial(cancel_all, fleet, tenant, run, HUNG_UP)
         return event_stream(fleet, chunks, on_hang_up=hang_up)
     return await _whole(fleet, tenant, run, request)
 
@@ -203,15 +133,26 @@ async def list_models(fleet: FleetDep, _: TenantDep) -> dict[str, Any]:
 
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, fleet: FleetDep, tenant: TenantDep
+    body: ChatCompletionRequest,
+    request: Request,
+    fleet: FleetDep,
+    tenant: TenantDep,
+    deadlines: DeadlineDep,
 ) -> Response:
-    run = build_run(body, new_id("chatcmpl"), _served_model(fleet, body.model), tenant)
+    deadline = deadlines.deadline(None, body.timeout_s, fleet.settings.chat_completions_timeout_s)
+    model = _served_model(fleet, body.model)
+    run = build_run(body, new_id("chatcmpl"), model, tenant, deadline)
     return await _respond(fleet, tenant, body, run, request)
 
 
 @router.post("/completions", response_model=None)
 async def completions(
-    body: CompletionRequest, request: Request, fleet: FleetDep, tenant: TenantDep
+    body: CompletionRequest,
+    request: Request,
+    fleet: FleetDep,
+    tenant: TenantDep,
+    deadlines: DeadlineDep,
 ) -> Response:
-    run = build_run(body, new_id("cmpl"), _served_model(fleet, body.model), tenant)
+    deadline = deadlines.deadline(None, body.timeout_s, fleet.settings.completions_timeout_s)
+    run = build_run(body, new_id("cmpl"), _served_model(fleet, body.model), tenant, deadline)
     return await _respond(fleet, tenant, body, run, request)

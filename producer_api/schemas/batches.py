@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from queue_schemas.bounds import MAX_BODY_BYTES
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]

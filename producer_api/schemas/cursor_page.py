@@ -4,8 +4,8 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from producer_api.batch_schema import BatchObject
-from producer_api.file_store import FileObject
+from producer_api.schemas.batches import BatchObject
+from producer_api.stores.files import FileObject
 
 Item = TypeVar("Item", FileObject, BatchObject)
 

@@ -38,6 +38,7 @@ from queue_schemas.bounds import (
     TopK,
     TopLogprobs,
 )
+from queue_schemas.jobs import TimeoutSeconds
 from queue_schemas.structured import check_json_schema
 
 MAX_CHOICES = 16
@@ -134,6 +135,8 @@ class GenerationRequest(BaseModel):
     stop_token_ids: StopTokenIds | None = None
     skip_special_tokens: bool = True
     priority: Priority = 0
+    # Seconds the request may take (``services.deadlines``); genfleet's own extra.
+    timeout_s: TimeoutSeconds | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -31,11 +31,6 @@ def usage_body(results: list[JobResult], choices_per_prompt: int) -> dict[str, A
     }
 
 
-def error_body(message: str, code: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                      "code": code}}  # fmt: skip
-
-
 def _tokens(events: list[TokenEvent], top: int):
     """Per generated token: its text, its logprob, and the ``top`` best alternatives."""
     for event in events:

@@ -9,15 +9,15 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from producer_api.auth import KeyRing, Tenant
-from producer_api.backlog import FleetBacklog
-from producer_api.batch_store import BatchStore
-from producer_api.fanout import LiveFanout
-from producer_api.file_store import FileStore, LocalFileStore
-from producer_api.job_store import JobStore
-from producer_api.kafka_submit import JobSubmitter
-from producer_api.limits import TenantLimits
 from producer_api.metrics import ApiMetrics
+from producer_api.services.backlog import FleetBacklog
+from producer_api.services.fanout import LiveFanout
+from producer_api.services.kafka_submit import JobSubmitter
+from producer_api.services.limits import TenantLimits
 from producer_api.settings import ApiSettings
+from producer_api.stores.batches import BatchStore
+from producer_api.stores.files import FileStore, LocalFileStore
+from producer_api.stores.jobs import JobStore
 from queue_schemas import JobRequest
 
 CLIENT_NAME = "genfleet-api"

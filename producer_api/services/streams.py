@@ -7,8 +7,8 @@ from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from producer_api.fanout import SlowReader
-from producer_api.fleet import Fleet
+from producer_api.services.fanout import SlowReader
+from producer_api.services.fleet import Fleet
 from queue_schemas import TokenEvent
 from queue_schemas.redis_records import JobEvent
 

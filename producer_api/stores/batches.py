@@ -12,7 +12,7 @@ import time
 
 from redis.asyncio import Redis
 
-from producer_api.batch_schema import BatchObject
+from producer_api.schemas.batches import BatchObject
 from queue_schemas import JobResult, Names
 from queue_schemas.redis_records import as_text
 

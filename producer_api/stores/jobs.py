@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer_api.errors import ApiError
-from producer_api.fanout import LiveFanout
+from producer_api.services.fanout import LiveFanout
 from queue_schemas import CancelJob, JobRequest, JobResult, JobState, JobStatus, TokenEvent
 from queue_schemas.fleet_settings import FleetSettings
 from queue_schemas.messages import now

@@ -11,11 +11,11 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from genfleet.chaos.target import job_record
 from genfleet.local_services import free_port
 from queue_schemas import Names
+from tests.integration.metrics import total
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -86,16 +86,6 @@ def _backlog_shown(client: httpx.Client, expected: int) -> dict:
     raise AssertionError(f"backlog never showed {expected}: {detail}")
 
 
-def _sum(client: httpx.Client, name: str) -> float:
-    """A metric's samples of that name added up (0 when it has none)."""
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(client.get("/metrics").text)
-        for sample in family.samples
-        if sample.name == name
-    )
-
-
 async def _produce_jobs(bootstrap: str, names: Names, count: int) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
@@ -120,7 +110,7 @@ def test_openai_routes_answer_429_past_the_backlog_while_jobs_queue(
         detail = _backlog_shown(client, 4)
         assert detail["max_queued_jobs"] == 3
         assert _broker_backlog(kafka.address, names) == 4
-        assert _sum(client, "genfleet:api_fleet_backlog") == 4
+        assert total(api.url, "genfleet:api_fleet_backlog") == 4
 
         refused = client.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 429
@@ -135,11 +125,11 @@ def test_openai_routes_answer_429_past_the_backlog_while_jobs_queue(
         _commit_jobs_done(kafka.address, names, 2)
         _backlog_shown(client, 3)
         assert _broker_backlog(kafka.address, names) == 3
-        assert _sum(client, "genfleet:api_fleet_completion_rate") > 0
+        assert total(api.url, "genfleet:api_fleet_completion_rate") > 0
         refused = client.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 429
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
-        assert _sum(client, "genfleet:api_fleet_rejections_total") == 3
+        assert total(api.url, "genfleet:api_fleet_rejections_total") == 3
 
         _commit_jobs_done(kafka.address, names, 1)
         _backlog_shown(client, 2)
@@ -162,7 +152,8 @@ def test_the_worker_lag_gauge_agrees_with_the_broker_while_jobs_wait(
         "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
         "--max-num-seqs", "1", "--max-waiting", "1",
     )  # fmt: skip
-    worker = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    worker_url = f"http://127.0.0.1:{port}"
+    worker = httpx.Client(base_url=worker_url, timeout=10)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.TransportError):
@@ -176,8 +167,8 @@ def test_the_worker_lag_gauge_agrees_with_the_broker_while_jobs_wait(
     seen: list[tuple[float, int]] = []
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not agreed:
-        gauge = _sum(worker, "genfleet:consumer_lag")
-        paused_seen = max(paused_seen, _sum(worker, "genfleet:partitions_paused"))
+        gauge = total(worker_url, "genfleet:consumer_lag")
+        paused_seen = max(paused_seen, total(worker_url, "genfleet:partitions_paused"))
         now = time.monotonic()
         seen = [(at, backlog) for at, backlog in seen if now - at < LAG_READING_S + 1]
         seen.append((now, _broker_backlog(kafka.address, names)))
@@ -186,4 +177,4 @@ def test_the_worker_lag_gauge_agrees_with_the_broker_while_jobs_wait(
         time.sleep(0.3)
     assert agreed, "the worker's lag gauge never matched the broker's offsets"
     assert paused_seen >= 1  # backpressure held the waiting jobs in Kafka
-    assert _sum(worker, "genfleet:partitions_assigned") == 8  # 4 of each lane
+    assert total(worker_url, "genfleet:partitions_assigned") == 8  # 4 of each lane

@@ -1,6 +1,7 @@
 """``genfleet up`` as a new user runs it: one command, a fleet that answers and is
 counted, a Ctrl-C that leaves nothing behind; and the clear refusals at start."""
 
+import json
 import os
 import shutil
 import signal
@@ -11,9 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from openai import OpenAI
 
 from genfleet.local_services import free_port
+from tests.integration.metrics import sample
 
 READY_LINE = "Ctrl-C stops the fleet"
 
@@ -47,16 +49,6 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _sample(url: str, name: str, **labels: str) -> float:
-    """One sample of a metrics page (0 when the series is not there yet); labels not
-    named match anything."""
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                return sample.value
-    return 0.0
-
-
 def _up(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "genfleet.cli", "up", *args],
@@ -67,11 +59,23 @@ def _up(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     )
 
 
+def _with_sampling_defaults(chat_model: Path, folder: Path) -> Path:
+    """The tiny chat model with a generation config, as a model's makers ship one."""
+    shutil.copytree(chat_model, folder)
+    generation = {"do_sample": True, "temperature": 0.0, "max_new_tokens": 40}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    return folder
+
+
 def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_path) -> None:
+    """Also the first hour of a new user: the banner's request and an openai client's
+    call, both without sampling fields, take the model's defaults (here temperature 0
+    from its generation config, and 6 tokens from the override on the command line)."""
+    model = _with_sampling_defaults(chat_model, tmp_path / "chat-model")
     api_port, metrics_port = free_port(), free_port()
     up = _up(
-        "--model", str(chat_model), "--port", str(api_port), "--metrics-port", str(metrics_port),
-        "--log-dir", str(tmp_path),
+        "--model", str(model), "--port", str(api_port), "--metrics-port", str(metrics_port),
+        "--log-dir", str(tmp_path), "--override-generation-config", '{"max_new_tokens": 6}',
     )  # fmt: skip
     assert up.stdout is not None
     output: list[str] = []
@@ -84,28 +88,34 @@ def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_pa
         api, worker = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{metrics_port}"
         assert f"{api}/v1" in printed and "curl " in printed
         assert "through the whole fleet" in printed  # the first request was answered
+        assert "sampled with temperature=0.0, top_p=1.0, top_k=0, max_tokens=6" in printed
         assert httpx.get(f"{worker}/healthz", timeout=5).status_code == 200
         assert httpx.get(f"{worker}/readyz", timeout=5).json() == {"status": "ready"}
 
-        tokens_before = _sample(worker, "genfleet:generation_tokens_total")
-        e2e_before = _sample(worker, "genfleet:e2e_request_latency_seconds_count")
+        tokens_before = sample(worker, "genfleet:generation_tokens_total")
+        e2e_before = sample(worker, "genfleet:e2e_request_latency_seconds_count")
         route = "/v1/chat/completions"
-        jobs_before = _sample(api, "genfleet:api_jobs_submitted_total", route=route)
-        body = {
-            "model": chat_model.name,
-            "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": 7,
-            "temperature": 0,
-        }
-        reply = httpx.post(f"{api}{route}", json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
-        completion_tokens = reply.json()["usage"]["completion_tokens"]
-        assert completion_tokens > 0
+        jobs_before = sample(api, "genfleet:api_jobs_submitted_total", route=route)
+        client = OpenAI(base_url=f"{api}/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "Hello"}]
+        reply = client.chat.completions.create(model=model.name, messages=messages)
+        assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 6
+        applied = _applied_sampling(api, reply.id)
+        assert (applied["temperature"], applied["max_tokens"], applied["top_p"]) == (0.0, 6, 1.0)
         assert (
-            _sample(worker, "genfleet:generation_tokens_total") - tokens_before == completion_tokens
+            sample(worker, "genfleet:generation_tokens_total") - tokens_before
+            == reply.usage.completion_tokens
         )
-        assert _sample(worker, "genfleet:e2e_request_latency_seconds_count") - e2e_before == 1
-        assert _sample(api, "genfleet:api_jobs_submitted_total", route=route) - jobs_before == 1
+        assert sample(worker, "genfleet:e2e_request_latency_seconds_count") - e2e_before == 1
+        assert sample(api, "genfleet:api_jobs_submitted_total", route=route) - jobs_before == 1
+
+        # A value the request gives always wins over the model's.
+        given = client.chat.completions.create(
+            model=model.name, messages=messages, max_tokens=3, temperature=0.5, seed=1
+        )
+        assert given.usage is not None and given.usage.completion_tokens <= 3
+        applied = _applied_sampling(api, given.id)
+        assert (applied["temperature"], applied["max_tokens"]) == (0.5, 3)
 
         children = _descendants(up.pid)
         assert len(children) >= 5  # broker, Redis, worker, its engine process, API
@@ -119,6 +129,12 @@ def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_pa
             for pid in _descendants(up.pid):
                 os.kill(pid, signal.SIGKILL)
             up.kill()
+
+
+def _applied_sampling(api: str, completion_id: str) -> dict:
+    """The sampling the fleet applied to a completion's (first) job, from its record."""
+    job = httpx.get(f"{api}/v1/jobs/{completion_id}-0", timeout=10).json()
+    return job["sampling"]
 
 
 def test_up_refuses_a_port_in_use_before_starting_anything(chat_model) -> None:

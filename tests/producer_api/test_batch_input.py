@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from producer_api.batch_runner import batch_of
-from producer_api.batch_schema import read_input
-from producer_api.file_store import LocalFileStore, TooManyLines
+from producer_api.batch_runner.lines import batch_of
+from producer_api.schemas.batches import read_input
+from producer_api.stores.files import LocalFileStore, TooManyLines
 
 CHAT = "/v1/chat/completions"
 
@@ -90,3 +90,24 @@ async def test_ids_the_store_did_not_make_are_not_found(tmp_path, file_id) -> No
     store = LocalFileStore(tmp_path, max_bytes=1000, max_lines=10)
     assert await store.get("t", file_id) is None
     assert await store.delete("t", file_id) is False
+
+
+def test_a_batchs_lines_carry_its_expiry_and_run_behind_interactive_jobs() -> None:
+    from datetime import UTC, datetime
+
+    from producer_api.batch_runner.lines import BATCH_PRIORITY, as_lines
+    from producer_api.schemas.batches import BatchObject
+
+    content = b"\n".join([_line("a", n=2, priority=3), _line("b")]) + b"\n"
+    requests, _ = read_input(content, CHAT, "m")
+    expires = 2_000_000_000
+    batch = BatchObject(
+        id="batch_1", endpoint=CHAT, input_file_id="f", completion_window="24h",
+        status="in_progress", created_at=0, expires_at=expires, tenant="acme",
+    )  # fmt: skip
+    lines = as_lines(batch, requests, "m")
+    jobs = [job for line in lines for job in line.run.jobs]
+    assert [job.job_id for job in jobs] == ["batch_1-1-0", "batch_1-1-1", "batch_1-2-0"]
+    assert {job.deadline for job in jobs} == {datetime.fromtimestamp(expires, UTC)}
+    assert [job.priority for job in jobs] == [3 + BATCH_PRIORITY] * 2 + [BATCH_PRIORITY]
+    assert {job.tenant for job in jobs} == {"acme"}

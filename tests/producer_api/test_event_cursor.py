@@ -1,6 +1,6 @@
 """A stream reader's cursor: which events are new to it, whatever their grouping."""
 
-from producer_api.job_store import EventCursor
+from producer_api.stores.jobs import EventCursor
 from queue_schemas import JobResult, JobStatus, TokenEvent
 
 

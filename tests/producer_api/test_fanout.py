@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from producer_api.fanout import Listener, SlowReader
+from producer_api.services.fanout import Listener, SlowReader
 
 
 def test_a_listener_delivers_in_order_and_is_dropped_when_full() -> None:

@@ -19,7 +19,7 @@ sys.meta_path.insert(0, NoTorch())
 def test_api_imports_and_builds_without_torch_or_worker() -> None:
     code = BLOCK_TORCH + (
         "from producer_api.app import create_app\n"
-        "import producer_api.client\n"
+        "import genfleet.submit\n"
         "app = create_app()\n"
         "paths = app.openapi()['paths']\n"
         "print(sorted(paths))\n"

@@ -7,8 +7,8 @@ from pydantic import ValidationError
 
 from producer_api.auth import KeyRing
 from producer_api.errors import ApiError
-from producer_api.openai_format import ChatShape, TextShape, usage_body
-from producer_api.openai_schema import ChatCompletionRequest, CompletionRequest
+from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest
+from producer_api.schemas.openai_format import ChatShape, TextShape, usage_body
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult, JobStatus, TokenEvent, Usage
 
@@ -175,13 +175,24 @@ def test_two_constraints_at_once_are_refused_naming_both() -> None:
         CompletionRequest(prompt="x", structured_outputs={"regex": "a"}, guided_choice=["a"])
 
 
-def test_a_constrained_job_submission_becomes_a_version_2_job() -> None:
-    from producer_api.jobs_routes import JobSubmission
+ALL_DEFAULTED = {
+    "temperature": 0.5, "top_p": 0.9, "top_k": 4, "min_p": 0.0, "repetition_penalty": 1.0,
+    "max_tokens": 8,
+}  # fmt: skip
 
-    body = {"prompt": "x", "sampling": {"structured_outputs": {"json": SCHEMA}}}
-    job = JobSubmission.model_validate(body).to_job("acme")
+
+def test_a_job_submission_is_written_at_the_lowest_version_that_carries_its_meaning() -> None:
+    from producer_api.schemas.jobs import JobSubmission
+
+    constraint = {"structured_outputs": {"json": SCHEMA}}
+    body = {"prompt": "x", "sampling": {**ALL_DEFAULTED, **constraint}}
+    job = JobSubmission.model_validate(body).to_job("acme", "j", None)
     assert job.schema_version == 2 and job.tenant == "acme"
     assert job.sampling.structured_outputs is not None
     assert job.sampling.structured_outputs.json_schema == SCHEMA
-    free = JobSubmission.model_validate({"prompt": "x"}).to_job("acme")
-    assert free.schema_version == 1
+    free = JobSubmission.model_validate({"prompt": "x", "sampling": ALL_DEFAULTED})
+    assert free.to_job("acme", "j", None).schema_version == 1
+    # A field left to the model's defaults needs version 3, constrained or not.
+    for sampling in ({}, constraint, {**ALL_DEFAULTED, "temperature": None}):
+        left = JobSubmission.model_validate({"prompt": "x", "sampling": sampling})
+        assert left.to_job("acme", "j", None).schema_version == 3

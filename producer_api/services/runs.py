@@ -1,0 +1,123 @@
+"""An OpenAI request as fleet jobs (a ``Run``), and what the routes and the batch
+runner do with one: collect its results, cancel what is unfinished.
+
+Each choice of a request is one fleet job (``{request id}-{position}``), so the
+choices run in parallel across the fleet.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from producer_api.auth import Tenant
+from producer_api.errors import ApiError
+from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from producer_api.schemas.openai_format import ChatShape, Shape, TextShape, created, usage_body
+from producer_api.services.fleet import Fleet
+from producer_api.services.streams import merged_events
+from queue_schemas import JobRequest, JobResult, TokenEvent
+from queue_schemas.jobs import lowest_version
+from queue_schemas.messages import now
+
+log = logging.getLogger("genfleet.api")
+
+
+@dataclass
+class Run:
+    """One OpenAI request as fleet jobs: ``choices_per_prompt`` consecutive jobs per prompt."""
+
+    id: str
+    model: str
+    shape: Shape
+    jobs: list[JobRequest]
+    choices_per_prompt: int
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [job.job_id for job in self.jobs]
+
+    def body(self, object_name: str, **fields: Any) -> dict[str, Any]:
+        envelope = {"id": self.id, "object": object_name, "created": created(), "model": self.model}
+        return {**envelope, **fields}
+
+    def whole(self, results: list[JobResult], events: list[list[TokenEvent]]) -> dict[str, Any]:
+        """The route's response body, from every job's result (in order) and events."""
+        choices = [self.shape.whole(i, result, events[i]) for i, result in enumerate(results)]
+        usage = usage_body(results, self.choices_per_prompt)
+        return self.body(self.shape.object, choices=choices, usage=usage)
+
+
+def build_run(
+    body: GenerationRequest,
+    run_id: str,
+    model: str,
+    tenant: Tenant,
+    deadline: datetime | None = None,
+) -> Run:
+    """A chat or completions request body as the fleet jobs that answer it, each with the
+    request's ``deadline``."""
+    if isinstance(body, ChatCompletionRequest):
+        messages = [message.as_chat_message() for message in body.messages]
+        prompts: list[dict[str, Any]] = [{"messages": messages}]
+        shape: Shape = ChatShape(body.top_logprobs_wanted())
+    else:
+        assert isinstance(body, CompletionRequest)
+        prompts = [
+            {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+            for prompt in body.prompts()
+        ]
+        shape = TextShape(body.top_logprobs_wanted())
+    jobs = jobs_for(run_id, tenant, body, prompts, deadline)
+    return Run(id=run_id, model=model, shape=shape, jobs=jobs, choices_per_prompt=body.n)
+
+
+def jobs_for(
+    run_id: str,
+    tenant: Tenant,
+    body: GenerationRequest,
+    prompts: list[dict[str, Any]],
+    deadline: datetime | None = None,
+) -> list[JobRequest]:
+    """n jobs per prompt; ``prompts`` hold JobRequest's prompt fields."""
+    samplings = [body.sampling(choice) for choice in range(body.n)]
+    return [
+        JobRequest(
+            schema_version=lowest_version(sampling),
+            job_id=f"{run_id}-{position * body.n + choice}",
+            tenant=tenant.tenant,
+            sampling=sampling,
+            priority=body.priority,
+            metadata={"request_id": run_id},
+            deadline=deadline,
+            created_at=now(),
+            **prompt,
+        )
+        for position, prompt in enumerate(prompts)
+        for choice, sampling in enumerate(samplings)
+    ]
+
+
+async def collect(
+    fleet: Fleet, tenant: Tenant, run: Run
+) -> tuple[dict[int, JobResult], list[list[TokenEvent]]]:
+    results: dict[int, JobResult] = {}
+    events: list[list[TokenEvent]] = [[] for _ in run.jobs]
+    async for position, event in merged_events(
+        fleet, tenant.tenant, run.job_ids, resume_when_slow=True
+    ):
+        if isinstance(event, JobResult):
+            results[position] = event
+        else:
+            events[position].append(event)
+    return results, events
+
+
+async def cancel_all(fleet: Fleet, tenant: Tenant, run: Run, why: str) -> None:
+    """Cancel the run's unfinished jobs, so their KV blocks serve others."""
+    for job_id in run.job_ids:
+        try:
+            await fleet.cancel(tenant, job_id)
+            log.info("%s: cancelled %s", why, job_id, extra={"job_id": job_id})
+        except ApiError:
+            pass  # finished already
