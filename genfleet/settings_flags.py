@@ -21,12 +21,15 @@ def _flag(name: str) -> str:
 
 
 def add_settings_arguments(
-    parser: argparse.ArgumentParser, settings: type[BaseModel], skip: Iterable[str] = ()
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    settings: type[BaseModel],
+    only: Iterable[str] | None = None,
 ) -> None:
-    """One flag per field of ``settings`` but those in ``skip``."""
+    """One flag per field of ``settings`` (or of those named in ``only``)."""
     from_env = issubclass(settings, BaseSettings)
+    wanted = set(settings.model_fields if only is None else only)
     for name, field in settings.model_fields.items():
-        if name in skip:
+        if name not in wanted:
             continue
         help_text = field.description or ""
         if from_env:
@@ -38,7 +41,8 @@ def add_settings_arguments(
 
 
 def given_settings(args: argparse.Namespace, settings: type[BaseModel]) -> dict[str, Any]:
-    """The fields of ``settings`` whose flags were given."""
+    """The fields of ``settings`` whose flags were given (a command without a field's flag
+    gives none)."""
     return {
         name: getattr(args, name)
         for name in settings.model_fields

@@ -1,1 +1,3 @@
-"""``genfleet bench``: the engine against Hugging Face transformers on the same workload."""
+"""``genfleet bench``: seeded workloads through the engine and Hugging Face transformers in
+one run, and through the whole fleet (``--fleet``, ``--batch-mix``) or with structured
+outputs (``--structured``) against the offline engine."""

@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer
 from genfleet.bench.metrics import RequestTiming, RunSummary, summarize
 from genfleet.bench.workloads import BenchRequest
 from genfleet.local_fleet import local_fleet
+from genfleet.settings_flags import as_flags
 from queue_schemas import JobResult, Names
 
 if TYPE_CHECKING:
@@ -62,19 +63,19 @@ class FleetRun:
     breakdown: Breakdown
 
 
+# The settings the worker takes from the benchmark's; engine threads left unset are the
+# worker's default, which the offline engine gets too.
+WORKER_FIELDS = {
+    "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+    "engine_threads", "stream_interval",
+}  # fmt: skip
+
+
 def worker_flags(settings: "WorkerSettings") -> list[str]:
     """The worker's engine settings, the same as the offline engine's."""
-    flags = [
-        "--device", settings.device, "--dtype", settings.dtype,
-        "--max-num-seqs", str(settings.max_num_seqs),
-        "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
-        # The bench's whole workload is waiting at once in a burst.
-        "--max-waiting", "256",
-        "--stream-interval", str(settings.stream_interval),
-    ]  # fmt: skip
-    if settings.engine_threads is not None:  # else the worker's default, the offline engine's
-        flags += ["--engine-threads", str(settings.engine_threads)]
-    return flags + ["--enforce-eager"] * settings.enforce_eager
+    given = settings.model_dump(include=WORKER_FIELDS, exclude_none=True)
+    # The bench's whole workload is waiting at once in a burst.
+    return as_flags({**given, "max_waiting": 256})
 
 
 async def stream_completion(

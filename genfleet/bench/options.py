@@ -1,5 +1,11 @@
 import argparse
 
+from genfleet.settings_flags import add_settings_arguments
+from worker.config import EngineConfig
+
+# The engine's knobs the benchmarks take, as every command takes them (one definition).
+ENGINE_FLAGS = ("device", "enforce_eager", "max_num_seqs", "max_num_batched_tokens")
+
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
@@ -23,11 +29,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="the whole fleet (broker, Redis, one worker, the API) over HTTP "
         "against the offline engine on the same requests",
     )
-    parser.add_argument(
-        "--device",
-        default="auto",
-        help="auto, cpu, cuda or cuda:N: the engine's and the transformers baselines' device",
-    )
+    _add_engine_arguments(parser)
+    _add_fleet_arguments(parser)
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the engine under test runs, offline and in the fleet's worker (the transformers
+    baselines run on the engine's device: like against like)."""
+    add_settings_arguments(parser.add_argument_group("engine"), EngineConfig, ENGINE_FLAGS)
+
+
+def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fleet benchmarks' own."""
     parser.add_argument(
         "--stream-interval",
         type=int,
@@ -40,9 +53,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="--fleet, --batch-mix: the engine's CPU threads, offline and in the worker "
         "(default: the worker's own)",
-    )
-    parser.add_argument(
-        "--enforce-eager", action="store_true", help="CUDA: no graphs for decode steps"
     )
     parser.add_argument(
         "--batch-mix",
@@ -64,5 +74,3 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)

@@ -15,8 +15,9 @@ from genfleet.bench.engine_driver import run_engine
 from genfleet.bench.hf_baseline import load_hf_model, run_hf
 from genfleet.bench.metrics import RunSummary
 from genfleet.bench.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
+from genfleet.settings_flags import given_settings
 from worker import EngineConfig, LLMEngine, SamplingParams
-from worker.config import DTYPES
+from worker.device import DTYPES
 from worker.engine import load_tokenizer
 from worker.model_fetch import resolve_model
 
@@ -102,27 +103,28 @@ def run_benchmark(args: argparse.Namespace) -> int:
         return _fleet_benchmark(args, workloads, folder, tokenizer, console)
     if args.structured:
         return _structured_benchmark(args, folder, tokenizer, console)
+    return _engine_benchmark(args, workloads, folder, tokenizer, console)
+
+
+def _engine_benchmark(
+    args: argparse.Namespace,
+    workloads: list[str],
+    folder: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    console: Console,
+) -> int:
+    """The engine in each dtype against the transformers baselines, one table a workload."""
     baselines = _split(args.baselines, BASELINE_BATCH)
     dtypes = _split(args.dtypes or "float32,bfloat16", DTYPES)
     engines = {}
     for dtype in dtypes:
-        config = EngineConfig(
-            model=str(folder),
-            dtype=dtype,
-            device=args.device,  # the transformers baselines run there too: like against like
-            enforce_eager=args.enforce_eager,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            seed=args.seed,
-        )
-        engines[dtype] = LLMEngine(config)
+        engines[dtype] = LLMEngine(_engine_config(args, folder, dtype))
         warm(engines[dtype])
     hf_models = {
         dtype: load_hf_model(folder, DTYPES[dtype], engines[dtype].config.device)
         for dtype in dtypes
         if baselines
     }
-
     rate = args.rate
     for workload in workloads:
         requests = make_workload(workload, tokenizer, args.seed, rate)
@@ -156,19 +158,16 @@ def _structured_benchmark(
     dtypes = _split(args.dtypes, DTYPES) if args.dtypes else ["auto"]
     if len(dtypes) != 1:
         raise ValueError("--structured runs one dtype: pass --dtypes with one of them")
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(folder),
-            dtype=dtypes[0],  # auto: the worker's choice for this hardware
-            device=args.device,
-            enforce_eager=args.enforce_eager,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            seed=args.seed,
-        )
-    )
+    engine = LLMEngine(_engine_config(args, folder, dtypes[0]))  # auto: the worker's choice
     warm(engine)
     return run_structured(engine, make_workload("burst", tokenizer, args.seed), console)
+
+
+def _engine_config(args: argparse.Namespace, folder: Path, dtype: str) -> EngineConfig:
+    """The offline engine under test: the engine flags given, the bench's seed."""
+    return EngineConfig(
+        model=str(folder), dtype=dtype, seed=args.seed, **given_settings(args, EngineConfig)
+    )
 
 
 def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings":
@@ -179,12 +178,9 @@ def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings"
     if len(dtypes) != 1:
         raise ValueError("the fleet runs one dtype: pass --dtypes with one of them")
     return WorkerSettings(
+        **given_settings(args, EngineConfig),
         model=str(folder),
-        device=args.device,
         dtype=dtypes[0],
-        enforce_eager=args.enforce_eager,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         stream_interval=args.stream_interval,
         engine_threads=args.engine_threads,
     )

@@ -6,7 +6,9 @@ vLLM accepts (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
 accepted too, e.g. through the openai client's ``extra_body``. Constraints on
 the output come as OpenAI's ``response_format``, vLLM's ``structured_outputs``
 or vLLM's older ``guided_json``/``guided_regex``/``guided_choice``/
-``guided_grammar``: one at a time. Fields this fleet does not implement
+``guided_grammar``: one at a time. A sampling field the body leaves out stays
+unset in the jobs (the worker applies the model's defaults); ``timeout_s`` is
+genfleet's own (``services.deadlines``). Fields this fleet does not implement
 (tools) are ignored, as unknown fields are.
 """
 

@@ -1,12 +1,17 @@
 """A real broker, a real Redis, and worker processes for the integration tests."""
 
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 import pytest
 
-from genfleet.local_services import LocalService, local_services
+from genfleet.local_services import LocalService, free_port, local_services
 from genfleet.processes import ApiProcess, FleetProcess
+from queue_schemas import Names
 
 MODEL = "SmolLM2-135M-Instruct"
 # The tiny chat model's KV cache: the default 1 GiB is 131072 blocks of it, 2 s more of
@@ -68,15 +73,82 @@ def start_api(services, prefix, tmp_path):
         api.stop()
 
 
-@pytest.fixture
-def smollm2_fleet(services, smollm2_path, start_api, prefix, tmp_path):
-    """A SmolLM2 worker and the API in front of it, on this test's topics."""
+def fleet_flags(services: tuple[LocalService, LocalService]) -> tuple[str, list[str]]:
+    """A fresh topic prefix, and the flags that put a process of a shared fleet on it."""
     kafka, redis = services
+    prefix = f"f{uuid.uuid4().hex[:8]}."
+    flags = [
+        "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
+        "--topic-prefix", prefix, "--jobs-partitions", "2",
+    ]  # fmt: skip
+    return prefix, flags
+
+
+def metered_worker(flags: list[str], model: Path, log: Path) -> tuple[FleetProcess, str]:
+    """A worker on the tiny model's KV budget serving its metrics and health, and their
+    URL, once it is ready (model loaded, group joined)."""
+    port = free_port()
     worker = FleetProcess(
         "worker",
-        ["--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
-         "--topic-prefix", prefix, "--jobs-partitions", "2", "--model", str(smollm2_path)],
-        tmp_path / "worker.log",
+        [*flags, "--model", str(model), *TINY_KV_FLAGS,
+         "--metrics-host", "127.0.0.1", "--metrics-port", str(port)],
+        log,
     )  # fmt: skip
-    yield start_api("--model", MODEL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while not _ready(url):
+        assert time.monotonic() < deadline and worker.alive, worker.log()
+        time.sleep(0.2)
+    return worker, url
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@dataclass
+class SmolFleet:
+    api: ApiProcess
+    prefix: str  # of its topics and keys
+
+    @property
+    def url(self) -> str:
+        return self.api.url
+
+
+@pytest.fixture(scope="session")
+def smollm2_fleet(services, smollm2_path, tmp_path_factory):
+    """A SmolLM2 worker and the API in front of it, shared by the tests that ask the real
+    model (each of its jobs has an id of its own), on topics of their own."""
+    prefix, common = fleet_flags(services)
+    logs = tmp_path_factory.mktemp("smollm2-fleet")
+    worker = FleetProcess("worker", [*common, "--model", str(smollm2_path)], logs / "worker.log")
+    api = ApiProcess([*common, "--model", MODEL], logs / "api.log")
+    yield SmolFleet(api, prefix)
+    api.stop()
+    worker.stop()
+
+
+ALICE, BOB = "key-alice", "key-bob"
+
+
+@pytest.fixture(scope="session")
+def api_fleet(services, chat_model, tmp_path_factory):
+    """One worker on the tiny chat model and one API with two tenants (``ALICE``, ``BOB``),
+    shared by the API's tests: each job is the test's own, in its tenant."""
+    prefix, common = fleet_flags(services)
+    logs = tmp_path_factory.mktemp("fleet")
+    worker = FleetProcess(
+        "worker", [*common, "--model", str(chat_model), "--max-num-seqs", "64"], logs / "w.log"
+    )
+    api = ApiProcess(
+        [*common, "--api-keys", f"{ALICE}=alice,{BOB}=bob", "--max-body-bytes", "65536",
+         "--rate-limit-per-minute", "100000", "--max-outstanding-jobs", "1000"],
+        logs / "api.log",
+    )  # fmt: skip
+    yield api, worker, Names(prefix), services[1].address
+    api.stop()
     worker.stop()

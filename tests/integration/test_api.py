@@ -2,56 +2,28 @@
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import uuid
 
 import httpx
 import hypothesis
-import pytest
 from hypothesis import strategies as st
 from openai import OpenAI
 from redis import Redis
 
-from genfleet.local_services import free_port, start_kafka
-from genfleet.processes import ApiProcess, FleetProcess
-from queue_schemas import JobStatus, Names
-from tests.integration.api_helpers import aread_events, auth, read_events, submit
+from genfleet.processes import ApiProcess
+from queue_schemas import JobStatus
+from tests.integration.api_helpers import auth, read_events, submit
+from tests.integration.conftest import ALICE, BOB
 from tests.strategies import chat_bodies, completion_bodies, job_records
-
-ALICE, BOB = "key-alice", "key-bob"
-
-
-@pytest.fixture(scope="module")
-def fleet(services, chat_model, tmp_path_factory):
-    """One worker on the tiny chat model and one API with two tenants, for this module."""
-    kafka, redis = services
-    prefix = f"m{uuid.uuid4().hex[:8]}."
-    logs = tmp_path_factory.mktemp("fleet")
-    common = [
-        "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
-        "--topic-prefix", prefix, "--jobs-partitions", "2",
-    ]  # fmt: skip
-    worker = FleetProcess(
-        "worker", [*common, "--model", str(chat_model), "--max-num-seqs", "64"], logs / "w.log"
-    )
-    api = ApiProcess(
-        [*common, "--api-keys", f"{ALICE}=alice,{BOB}=bob", "--max-body-bytes", "65536",
-         "--rate-limit-per-minute", "100000", "--max-outstanding-jobs", "1000"],
-        logs / "api.log",
-    )  # fmt: skip
-    yield api, worker, Names(prefix), redis.address
-    api.stop()
-    worker.stop()
 
 
 def _client(api: ApiProcess, key: str = ALICE) -> httpx.Client:
     return httpx.Client(base_url=api.url, headers=auth(key), timeout=120)
 
 
-def test_job_lifecycle_and_resumable_events(fleet) -> None:
-    api, _, _, _ = fleet
+def test_job_lifecycle_and_resumable_events(api_fleet) -> None:
+    api, _, _, _ = api_fleet
     with _client(api) as client:
         job_id = submit(client, max_tokens=40)
         first = read_events(client, job_id, stop_after=5)
@@ -74,8 +46,8 @@ def test_job_lifecycle_and_resumable_events(fleet) -> None:
         assert view["usage"]["completion_tokens"] == 40
 
 
-def test_tenants_see_only_their_jobs_and_keys_are_required(fleet) -> None:
-    api, _, _, _ = fleet
+def test_tenants_see_only_their_jobs_and_keys_are_required(api_fleet) -> None:
+    api, _, _, _ = api_fleet
     with _client(api, ALICE) as alice, _client(api, BOB) as bob:
         job_id = submit(alice, max_tokens=4)
         assert alice.get(f"/v1/jobs/{job_id}").status_code == 200
@@ -96,9 +68,9 @@ def test_tenants_see_only_their_jobs_and_keys_are_required(fleet) -> None:
         assert 'genfleet:api_jobs_submitted_total{route="/v1/jobs"}' in metrics
 
 
-def test_job_ids_name_no_other_key_and_tenants_do_not_collide(fleet) -> None:
+def test_job_ids_name_no_other_key_and_tenants_do_not_collide(api_fleet) -> None:
     """Ids that end like Redis keys are refused; the same id from two tenants is two jobs."""
-    api, worker, _, _ = fleet
+    api, worker, _, _ = api_fleet
     victim = f"shared-{uuid.uuid4().hex[:6]}"
     body = {"prompt": "The sea is", "sampling": {"max_tokens": 4, "ignore_eos": True}}
     with _client(api, ALICE) as alice, _client(api, BOB) as bob:
@@ -130,8 +102,10 @@ def test_job_ids_name_no_other_key_and_tenants_do_not_collide(fleet) -> None:
     assert worker.alive
 
 
-def test_bodies_with_extreme_values_get_an_answer_or_a_4xx_and_the_worker_goes_on(fleet) -> None:
-    api, worker, _, _ = fleet
+def test_bodies_with_extreme_values_get_an_answer_or_a_4xx_and_the_worker_goes_on(
+    api_fleet,
+) -> None:
+    api, worker, _, _ = api_fleet
     routes = st.one_of(
         chat_bodies.map(lambda body: ("/v1/chat/completions", body)),
         completion_bodies.map(lambda body: ("/v1/completions", body)),
@@ -161,8 +135,8 @@ def test_bodies_with_extreme_values_get_an_answer_or_a_4xx_and_the_worker_goes_o
     assert any(s < 300 for s in statuses) and any(s >= 400 for s in statuses), statuses
 
 
-def test_bad_input_gets_field_errors_and_size_cap(fleet) -> None:
-    api, _, _, _ = fleet
+def test_bad_input_gets_field_errors_and_size_cap(api_fleet) -> None:
+    api, _, _, _ = api_fleet
     with _client(api) as client:
         response = client.post(
             "/v1/chat/completions",
@@ -191,8 +165,8 @@ def test_bad_input_gets_field_errors_and_size_cap(fleet) -> None:
         assert lines[-1] == "data: [DONE]"
 
 
-def test_delete_ends_a_running_jobs_stream_with_a_cancelled_event(fleet) -> None:
-    api, worker, _, _ = fleet
+def test_delete_ends_a_running_jobs_stream_with_a_cancelled_event(api_fleet) -> None:
+    api, worker, _, _ = api_fleet
     with _client(api) as client:
         job_id = submit(client, max_tokens=900)
         started = read_events(client, job_id, stop_after=3)
@@ -208,8 +182,8 @@ def test_delete_ends_a_running_jobs_stream_with_a_cancelled_event(fleet) -> None
         assert client.delete(f"/v1/jobs/{job_id}").status_code == 409
 
 
-def test_openai_stream_closed_early_cancels_the_job_in_the_worker(fleet) -> None:
-    api, worker, _, _ = fleet
+def test_openai_stream_closed_early_cancels_the_job_in_the_worker(api_fleet) -> None:
+    api, worker, _, _ = api_fleet
     client = OpenAI(base_url=f"{api.url}/v1", api_key=ALICE, timeout=120)
     stream = client.chat.completions.create(
         model="SmolLM2-135M-Instruct",
@@ -241,8 +215,8 @@ def _hang_up_cancels(api: ApiProcess) -> list[str]:
     return [r["job_id"] for r in records if r["message"].startswith("client hung up: cancelled")]
 
 
-def test_openai_request_abandoned_before_its_answer_cancels_the_job(fleet) -> None:
-    api, worker, names, redis_url = fleet
+def test_openai_request_abandoned_before_its_answer_cancels_the_job(api_fleet) -> None:
+    api, worker, names, redis_url = api_fleet
     redis = Redis.from_url(redis_url)
     before = len(_hang_up_cancels(api))
     unfinished = set(redis.zrange(names.tenant_jobs_key("alice"), 0, -1))
@@ -278,164 +252,3 @@ def test_openai_request_abandoned_before_its_answer_cancels_the_job(fleet) -> No
         result = read_events(client, job_id).result
     assert result.status is JobStatus.CANCELLED and result.usage.completion_tokens < 900
     assert f"cancelling {job_id}" in worker.log()
-
-
-def test_200_concurrent_streams_share_one_pubsub_connection(fleet) -> None:
-    api, _, _, redis_url = fleet
-    redis = Redis.from_url(redis_url)
-    fanout_connections: list[int] = []
-    subscriptions: list[int] = []
-
-    def watch() -> None:
-        clients = redis.client_list()
-        fanout = [c for c in clients if c["name"] == "genfleet-api-fanout"]
-        fanout_connections.append(len(fanout))
-        subscriptions.append(sum(int(c["sub"]) for c in fanout))
-
-    async def scenario() -> list:
-        limits = httpx.Limits(max_connections=250)
-        async with httpx.AsyncClient(
-            base_url=api.url, headers=auth(ALICE), timeout=180, limits=limits
-        ) as client:
-            body = {"messages": [{"role": "user", "content": "Hello"}],
-                    "sampling": {"max_tokens": 48, "ignore_eos": True}}  # fmt: skip
-            posts = await asyncio.gather(*(client.post("/v1/jobs", json=body) for _ in range(200)))
-            assert all(p.status_code == 202 for p in posts)
-            streams = asyncio.gather(*(aread_events(client, p.json()["id"]) for p in posts))
-            while not streams.done():
-                await asyncio.to_thread(watch)
-                await asyncio.sleep(0.1)
-            return await streams
-
-    results = asyncio.run(scenario())
-    assert len(results) == 200
-    for streamed in results:
-        assert streamed.final_event == "completed"
-        assert streamed.text == streamed.result.text
-        assert sum(len(e.token_ids) for e in streamed.tokens) == 48
-    assert max(fanout_connections) == 1
-    assert max(subscriptions) > 50  # many job channels, all on that one connection
-    api_connections = [c for c in redis.client_list() if c["name"] == "genfleet-api"]
-    assert len(api_connections) <= 32
-    redis.close()
-
-
-def test_genfleet_submit_prints_tokens_as_they_arrive(fleet) -> None:
-    api, _, _, _ = fleet
-    result = subprocess.run(
-        [sys.executable, "-m", "genfleet.cli", "submit", "Hello there", "--stream",
-         "--url", api.url, "--api-key", ALICE, "--max-tokens", "12"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert len(result.stdout.strip()) > 0
-    queued = subprocess.run(
-        [sys.executable, "-m", "genfleet.cli", "submit", "Hi", "--url", api.url,
-         "--api-key", ALICE, "--max-tokens", "2"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert json.loads(queued.stdout)["status"] == "queued"
-
-
-def test_limits_answer_429_with_retry_after(start_api, tmp_path) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(
-        json.dumps(
-            {
-                "k-rate": {"tenant": "rate", "rate_limit_per_minute": 3},
-                "k-busy": {"tenant": "busy", "max_outstanding_jobs": 2},
-                "k-crowd": {"tenant": "crowd", "max_outstanding_jobs": 5},
-            }
-        )
-    )
-    api = start_api("--api-keys-file", str(keys))  # no worker: jobs stay queued
-    with _client(api, "k-rate") as rate, _client(api, "k-busy") as busy:
-        for _ in range(3):
-            submit(rate)
-        refused = rate.post("/v1/jobs", json={"prompt": "a"})
-        assert refused.status_code == 429
-        assert 1 <= int(refused.headers["Retry-After"]) <= 60
-        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-
-        first, _ = submit(busy), submit(busy)
-        over = busy.post("/v1/jobs", json={"prompt": "a"})
-        assert over.status_code == 429 and "Retry-After" in over.headers
-        assert over.json()["error"]["code"] == "too_many_outstanding_jobs"
-        # A queued job cancelled ends at once (no worker needed) and frees its place.
-        cancelled = busy.delete(f"/v1/jobs/{first}")
-        assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled"
-        assert read_events(busy, first).final_event == "cancelled"
-        submit(busy)
-
-    async def crowd() -> list[int]:
-        async with httpx.AsyncClient(base_url=api.url, headers=auth("k-crowd")) as client:
-            posts = [client.post("/v1/jobs", json={"prompt": "a"}) for _ in range(20)]
-            return [response.status_code for response in await asyncio.gather(*posts)]
-
-    # Arriving together, exactly as many as the limit get in.
-    assert sorted(asyncio.run(crowd())) == [202] * 5 + [429] * 15
-
-
-def test_broker_down_answers_503_with_retry_after(start_api) -> None:
-    kafka = start_kafka()
-    try:
-        api = start_api(
-            "--kafka-send-timeout-s", "2", "--retry-after-s", "7", kafka_address=kafka.address
-        )
-        with httpx.Client(base_url=api.url, timeout=30) as client:
-            job_id = submit(client)
-            assert client.get("/readyz").status_code == 200
-            kafka.stop()
-            refused = client.post("/v1/jobs", json={"prompt": "a"})
-            assert refused.status_code == 503
-            assert refused.headers["Retry-After"] == "7"
-            assert refused.json()["error"]["code"] == "queue_unavailable"
-            ready = client.get("/readyz")
-            assert ready.status_code == 503 and ready.json()["kafka"] is False
-            assert client.get(f"/v1/jobs/{job_id}").json()["status"] == JobStatus.QUEUED
-            assert client.get("/healthz").status_code == 200
-    finally:
-        kafka.stop()
-
-
-def test_the_api_starts_without_redis_and_answers_503(start_api) -> None:
-    api = start_api("--redis-url", f"redis://127.0.0.1:{free_port()}/0", "--retry-after-s", "4")
-    with httpx.Client(base_url=api.url, timeout=30) as client:
-        assert client.get("/healthz").status_code == 200
-        ready = client.get("/readyz")
-        assert ready.status_code == 503 and ready.json()["redis"] is False
-        refused = client.post("/v1/jobs", json={"prompt": "a"})
-        assert refused.status_code == 503 and refused.headers["Retry-After"] == "4"
-        assert refused.json()["error"]["code"] == "state_unavailable"
-
-
-def test_a_stream_interval_groups_tokens_and_readers_resume_exactly(
-    start_worker, start_api
-) -> None:
-    start_worker("--stream-interval", "4")
-    api = start_api()
-    with httpx.Client(base_url=api.url, timeout=120) as client:
-        job_id = submit(client, max_tokens=30)
-        first = read_events(client, job_id, stop_after=3)
-        # The first token alone, then groups ending at multiples of 4; ids name last tokens.
-        assert [len(e.token_ids) for e in first.tokens] == [1, 3, 4]
-        assert first.ids == [0, 3, 7]
-        rest = read_events(client, job_id, last_event_id=first.ids[-1])
-        assert rest.tokens[0].token_index == 8 and rest.final_event == "completed"
-        assert first.text + rest.text == rest.result.text
-        assert sum(len(e.token_ids) for e in first.tokens + rest.tokens) == 30
-        assert read_events(client, job_id).ids == first.ids + rest.ids
-
-    openai = OpenAI(base_url=f"{api.url}/v1", api_key="unused", timeout=120)
-    asked = {
-        "model": "SmolLM2-135M-Instruct",
-        "prompt": "The sea is",
-        "max_tokens": 30,
-        "temperature": 0,
-        "extra_body": {"ignore_eos": True},
-    }
-    whole = openai.completions.create(**asked)
-    chunks = [c for c in openai.completions.create(**asked, stream=True) if c.choices]
-    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
-    # Far fewer chunks than tokens: 1, 3, then 4 at a time, and the closing chunk.
-    assert len(chunks) <= 2 + 30 // 4 + 1

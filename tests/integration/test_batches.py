@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,8 +17,8 @@ import redis
 from openai import OpenAI
 
 from genfleet.local_fleet import local_fleet
-from genfleet.local_services import free_port
-from genfleet.processes import FleetProcess
+from genfleet.processes import ApiProcess, FleetProcess
+from tests.integration.conftest import fleet_flags, metered_worker
 
 
 @dataclass
@@ -28,26 +29,42 @@ class BatchFleet:
     worker_metrics: str
 
 
+@dataclass
+class BatchWorker:
+    """The module's one worker (lines of thousands of tokens taken, its metrics served),
+    on topics and keys of the module's prefix."""
+
+    prefix: str
+    common: list[str]  # the flags every process of the module's fleet takes
+    health_url: str
+
+
+@pytest.fixture(scope="module")
+def batch_worker(services, long_chat_model, tmp_path_factory):
+    # A batch's window starts at its creation: a test of it must not spend the
+    # window waiting for the worker to load its model and join the group.
+    prefix, flags = fleet_flags(services)
+    log = tmp_path_factory.mktemp("batch-worker") / "worker.log"
+    worker, health_url = metered_worker(flags, long_chat_model, log)
+    yield BatchWorker(prefix, flags, health_url)
+    worker.stop()
+
+
 @pytest.fixture
-def batch_fleet(services, start_api, start_worker, long_chat_model, prefix, tmp_path):
-    """An API and a worker (its metrics served, lines of thousands of tokens taken);
-    runners started by the test;
+def batch_fleet(batch_worker, tmp_path):
+    """The module's worker, and for this test an API, a tenant of its own (its batches
+    and files are its alone) and a files folder; runners started by the test;
     ``restart_api(*flags)`` kills the API and starts another, whose client it returns."""
-    kafka, redis = services
-    files = tmp_path / "files"
-    common = [
-        "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
-        "--topic-prefix", prefix, "--jobs-partitions", "4", "--files-dir", str(files),
-        "--model", "tiny-chat",
-    ]  # fmt: skip
-    metrics_port = free_port()
-    start_worker(
-        "--model", str(long_chat_model),
-        "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
-    )  # fmt: skip
-    worker_health = f"http://127.0.0.1:{metrics_port}"
-    api = start_api("--files-dir", str(files), "--model", "tiny-chat")
+    key = f"sk-{uuid.uuid4().hex[:8]}"
+    files = ["--files-dir", str(tmp_path / "files"), "--model", "tiny-chat"]
+    common = [*batch_worker.common, *files]
+    keys = ["--api-keys", f"{key}=t{key[3:]}"]
+    apis: list[ApiProcess] = []
     runners: list[FleetProcess] = []
+
+    def start_api(*extra: str) -> OpenAI:
+        apis.append(ApiProcess([*common, *keys, *extra], tmp_path / f"api-{len(apis)}.log"))
+        return _client(apis[-1], api_key=key)
 
     def start_runner(*extra: str) -> FleetProcess:
         log = tmp_path / f"runner-{len(runners)}.log"
@@ -56,33 +73,20 @@ def batch_fleet(services, start_api, start_worker, long_chat_model, prefix, tmp_
         return runner
 
     def restart_api(*extra: str) -> OpenAI:
-        nonlocal api
-        api.kill()
-        api = start_api("--files-dir", str(files), "--model", "tiny-chat", *extra)
-        return _client(api)
+        apis[-1].kill()
+        return start_api(*extra)
 
-    # A batch's window starts at its creation: a test of it must not spend the
-    # window waiting for the worker to load its model and join the group.
-    _wait_until_ready(worker_health)
-    yield BatchFleet(_client(api), start_runner, restart_api, f"{worker_health}/metrics")
-    for runner in runners:
-        runner.stop()
-
-
-def _wait_until_ready(health_url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{health_url}/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass  # its health server is not up yet
-        assert time.monotonic() < deadline, "the worker never became ready"
-        time.sleep(0.2)
+    client = start_api()
+    yield BatchFleet(client, start_runner, restart_api, f"{batch_worker.health_url}/metrics")
+    for process in [*runners, *apis]:
+        # SIGTERM: a runner leaves the results' consumer group, so the next test's runner
+        # joins an empty group instead of waiting out a dead member's session.
+        process.terminate(10)
+        process.stop()
 
 
-def _client(api, retries: int = 0) -> OpenAI:
-    return OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=retries, timeout=60)
+def _client(api, retries: int = 0, api_key: str = "unused") -> OpenAI:
+    return OpenAI(base_url=f"{api.url}/v1", api_key=api_key, max_retries=retries, timeout=60)
 
 
 def _chat_line(i: int, **body) -> dict:
@@ -224,7 +228,8 @@ def test_a_cancelled_batch_ends_with_its_finished_lines_and_frees_the_worker(bat
 
 def _job_status(client: OpenAI, job_id: str) -> str | None:
     """A batch job's status as /v1/jobs shows it; None for a line never submitted."""
-    response = httpx.get(f"{_api_url(client)}/v1/jobs/{job_id}")
+    key = {"Authorization": f"Bearer {client.api_key}"}
+    response = httpx.get(f"{_api_url(client)}/v1/jobs/{job_id}", headers=key)
     return response.json()["status"] if response.status_code == 200 else None
 
 
@@ -274,7 +279,7 @@ def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) ->
 
 
 def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
-    batch_fleet, services, prefix, tmp_path
+    batch_fleet, batch_worker, services, tmp_path
 ) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner("--batch-max-in-flight", "8")
@@ -282,7 +287,8 @@ def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
     lines = [_chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     command = [sys.executable, "-m", "genfleet.cli", "batch", "run", str(source),
-               "-o", str(output), "--url", _api_url(client), "--poll-s", "0.2"]  # fmt: skip
+               "-o", str(output), "--url", _api_url(client), "--poll-s", "0.2",
+               "--api-key", client.api_key]  # fmt: skip
     # Ctrl-C as in a terminal, even where this suite runs with SIGINT ignored (a
     # background job of a shell), which the CLI would inherit.
     first = subprocess.Popen(
@@ -309,7 +315,8 @@ def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
     # One batch, one job per line: nothing was submitted again.
     assert [batch.id for batch in client.batches.list()] == [batches[0].id]
     store = redis.Redis.from_url(services[1].address)
-    jobs = [key for key in store.scan_iter(f"{prefix}job:*:batch_*") if key.count(b":") == 2]
+    pattern = f"{batch_worker.prefix}job:*:{batches[0].id}-*"
+    jobs = [key for key in store.scan_iter(pattern) if key.count(b":") == 2]
     assert len(jobs) == 100
 
 

@@ -11,13 +11,12 @@ import openai
 import pytest
 from openai import OpenAI
 
-from genfleet.local_services import free_port
-from genfleet.processes import ApiProcess, FleetProcess
+from genfleet.processes import ApiProcess
 from queue_schemas import JobRequest, JobResult, JobStatus, Names
 from tests.integration.api_helpers import read_events
-from tests.integration.conftest import MODEL, TINY_KV_FLAGS
+from tests.integration.conftest import MODEL, fleet_flags, metered_worker
+from tests.integration.kafka_helpers import produce_records, read_topic
 from tests.integration.metrics import sample, total
-from tests.integration.test_worker_service import _produce, _read
 
 LONG = 4000  # tokens: seconds on the tiny model, so a deadline of one second stops it
 
@@ -25,36 +24,13 @@ LONG = 4000  # tokens: seconds on the tiny model, so a deadline of one second st
 @pytest.fixture(scope="module")
 def fleet(services, long_chat_model, tmp_path_factory):
     """A worker (with its metrics) and an API, for this module's tests."""
-    kafka, redis = services
-    prefix = f"d{uuid.uuid4().hex[:8]}."
+    prefix, flags = fleet_flags(services)
     logs = tmp_path_factory.mktemp("deadlines")
-    common = [
-        "--kafka-bootstrap", kafka.address, "--redis-url", redis.address,
-        "--topic-prefix", prefix, "--jobs-partitions", "2",
-    ]  # fmt: skip
-    metrics_port = free_port()
-    worker = FleetProcess(
-        "worker",
-        [*common, "--model", str(long_chat_model), *TINY_KV_FLAGS,
-         "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
-        logs / "worker.log",
-    )  # fmt: skip
-    api = ApiProcess(common, logs / "api.log")
-    worker_url = f"http://127.0.0.1:{metrics_port}"
-    deadline = time.monotonic() + 120
-    while not _ready(worker_url):
-        assert time.monotonic() < deadline and worker.alive, worker.log()
-        time.sleep(0.2)
-    yield api, worker_url, Names(prefix), kafka.address
+    worker, worker_url = metered_worker(flags, long_chat_model, logs / "worker.log")
+    api = ApiProcess(flags, logs / "api.log")
+    yield api, worker_url, Names(prefix), services[0].address
     api.stop()
     worker.stop()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_a_job_produced_past_its_deadline_never_reaches_the_engine_and_expires_once(
@@ -74,8 +50,8 @@ def test_a_job_produced_past_its_deadline_never_reaches_the_engine_and_expires_o
     records.append(marker.model_dump_json(exclude_none=True).encode())
 
     async def scenario() -> list[JobResult]:
-        await _produce(bootstrap, names.jobs_topic, records)
-        raw = await _read(
+        await produce_records(bootstrap, names.jobs_topic, records)
+        raw = await read_topic(
             bootstrap,
             names.results_topic,
             lambda values: any(marker.job_id.encode() in v for v in values),

@@ -92,31 +92,7 @@ def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_pa
         assert httpx.get(f"{worker}/healthz", timeout=5).status_code == 200
         assert httpx.get(f"{worker}/readyz", timeout=5).json() == {"status": "ready"}
 
-        tokens_before = sample(worker, "genfleet:generation_tokens_total")
-        e2e_before = sample(worker, "genfleet:e2e_request_latency_seconds_count")
-        route = "/v1/chat/completions"
-        jobs_before = sample(api, "genfleet:api_jobs_submitted_total", route=route)
-        client = OpenAI(base_url=f"{api}/v1", api_key="unused", max_retries=0)
-        messages = [{"role": "user", "content": "Hello"}]
-        reply = client.chat.completions.create(model=model.name, messages=messages)
-        assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 6
-        applied = _applied_sampling(api, reply.id)
-        assert (applied["temperature"], applied["max_tokens"], applied["top_p"]) == (0.0, 6, 1.0)
-        assert (
-            sample(worker, "genfleet:generation_tokens_total") - tokens_before
-            == reply.usage.completion_tokens
-        )
-        assert sample(worker, "genfleet:e2e_request_latency_seconds_count") - e2e_before == 1
-        assert sample(api, "genfleet:api_jobs_submitted_total", route=route) - jobs_before == 1
-
-        # A value the request gives always wins over the model's.
-        given = client.chat.completions.create(
-            model=model.name, messages=messages, max_tokens=3, temperature=0.5, seed=1
-        )
-        assert given.usage is not None and given.usage.completion_tokens <= 3
-        applied = _applied_sampling(api, given.id)
-        assert (applied["temperature"], applied["max_tokens"]) == (0.5, 3)
-
+        _defaults_apply_and_the_job_is_counted(api, worker, model.name)
         children = _descendants(up.pid)
         assert len(children) >= 5  # broker, Redis, worker, its engine process, API
         up.send_signal(signal.SIGINT)
@@ -129,6 +105,33 @@ def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_pa
             for pid in _descendants(up.pid):
                 os.kill(pid, signal.SIGKILL)
             up.kill()
+
+
+def _defaults_apply_and_the_job_is_counted(api: str, worker: str, model: str) -> None:
+    """An openai client's call without sampling fields runs with the defaults (and is
+    counted once on both sides); a value the request gives always wins over them."""
+    tokens_before = sample(worker, "genfleet:generation_tokens_total")
+    e2e_before = sample(worker, "genfleet:e2e_request_latency_seconds_count")
+    route = "/v1/chat/completions"
+    jobs_before = sample(api, "genfleet:api_jobs_submitted_total", route=route)
+    client = OpenAI(base_url=f"{api}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Hello"}]
+    reply = client.chat.completions.create(model=model, messages=messages)
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 6
+    applied = _applied_sampling(api, reply.id)
+    assert (applied["temperature"], applied["max_tokens"], applied["top_p"]) == (0.0, 6, 1.0)
+    assert (
+        sample(worker, "genfleet:generation_tokens_total") - tokens_before
+        == reply.usage.completion_tokens
+    )
+    assert sample(worker, "genfleet:e2e_request_latency_seconds_count") - e2e_before == 1
+    assert sample(api, "genfleet:api_jobs_submitted_total", route=route) - jobs_before == 1
+    given = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=3, temperature=0.5, seed=1
+    )
+    assert given.usage is not None and given.usage.completion_tokens <= 3
+    applied = _applied_sampling(api, given.id)
+    assert (applied["temperature"], applied["max_tokens"]) == (0.5, 3)
 
 
 def _applied_sampling(api: str, completion_id: str) -> dict:

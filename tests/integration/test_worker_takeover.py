@@ -1,0 +1,132 @@
+"""A worker that dies or drains: its jobs go on elsewhere, each with exactly one result."""
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from genfleet.chaos.target import Results, Target, job_record, produce
+from queue_schemas import JobResult, JobStatus, Names
+from queue_schemas.messages import now
+from queue_schemas.redis_records import FINISH_SCRIPT, RESULT_SENT_FIELD, finish_call
+from tests.integration.kafka_helpers import (
+    TIMEOUT_S,
+    all_ids,
+    long_job,
+    produce_records,
+    read_topic,
+    results_by_id,
+)
+
+
+def test_a_killed_worker_loses_no_job(services, start_worker, prefix) -> None:
+    kafka, _ = services
+    names = Names(prefix)
+    ids = [f"k{i}" for i in range(24)]
+    # Small steps keep both workers busy long enough for the kill to hit running jobs.
+    first = start_worker("--max-num-seqs", "4")
+    second = start_worker("--max-num-seqs", "4")
+
+    async def scenario() -> list[bytes]:
+        await produce_records(kafka.address, names.jobs_topic, [long_job(i, 150) for i in ids])
+        await read_topic(kafka.address, names.results_topic, lambda values: len(values) >= 2)
+        first.process.kill()
+        return await read_topic(kafka.address, names.results_topic, all_ids(ids))
+
+    by_id = results_by_id(asyncio.run(asyncio.wait_for(scenario(), TIMEOUT_S)))
+    assert sorted(by_id) == sorted(ids), second.log()
+    # The survivor took over the dead worker's partitions in a second assignment.
+    assert second.log().count("assigned") >= 2, second.log()
+    duplicates = sum(len(rs) - 1 for rs in by_id.values())
+    print(f"duplicate results after kill -9: {duplicates}")
+    assert all(len({r.text for r in rs}) == 1 for rs in by_id.values())
+    assert all(rs[0].status is JobStatus.COMPLETED for rs in by_id.values())
+
+
+def test_sigterm_drains_and_exits_zero_without_losing_jobs(services, start_worker, prefix) -> None:
+    kafka, _ = services
+    names = Names(prefix)
+    ids = [f"s{i}" for i in range(12)]
+    worker = start_worker("--drain-deadline-s", "3", "--max-num-seqs", "4")
+
+    async def first_results() -> None:
+        await produce_records(kafka.address, names.jobs_topic, [long_job(i, 120) for i in ids])
+        await read_topic(kafka.address, names.results_topic, lambda values: len(values) >= 1)
+
+    asyncio.run(asyncio.wait_for(first_results(), TIMEOUT_S))
+    worker.process.terminate()
+    assert worker.process.wait(timeout=30) == 0, worker.log()
+    start_worker()  # the jobs the first one left behind are redelivered here
+    raw = asyncio.run(
+        asyncio.wait_for(read_topic(kafka.address, names.results_topic, all_ids(ids)), TIMEOUT_S)
+    )
+    assert sorted(results_by_id(raw)) == sorted(ids)
+
+
+async def _produce_as_the_dead_worker(bootstrap: str, names: Names, result: JobResult) -> None:
+    """A result on the results topic as a worker produces it: keyed by the job id."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        value, key = result.model_dump_json().encode(), result.job_id.encode()
+        await producer.send_and_wait(names.results_topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
+def test_a_claimed_result_a_dead_worker_left_unsent_reaches_the_topic_once(
+    services, start_worker, prefix
+) -> None:
+    """A worker claimed two results in Redis and died before marking them sent; one of
+    them it had produced. Their redelivered records give exactly one result each."""
+    kafka, redis = services
+    target = Target(kafka.address, redis.address, prefix)
+    names = target.names
+    start_worker("--result-confirm-grace-s", "1")
+    stored = {
+        job_id: JobResult(
+            job_id=job_id,
+            status=JobStatus.COMPLETED,
+            text=f"text of {job_id}",
+            finish_reason="length",
+            worker="the-dead-one",
+            finished_at=now(),
+        )
+        for job_id in ("produced", "unproduced")
+    }
+
+    async def scenario() -> tuple[dict[str, list[JobResult]], list[bytes | None]]:
+        client = Redis.from_url(redis.address)
+        try:
+            for result in stored.values():
+                keys, args = finish_call(names, result, 100, 3600, time.time() - 30, "dead-0")
+                assert await client.eval(FINISH_SCRIPT, len(keys), *keys, *args) == 1
+            await _produce_as_the_dead_worker(kafka.address, names, stored["produced"])
+            async with Results(target) as results:
+                await produce(target, [(None, job_record(job_id, 4)) for job_id in stored])
+
+                async def marked() -> list[bytes | None]:
+                    return [
+                        await client.hget(names.job_key("default", j), RESULT_SENT_FIELD)
+                        for j in stored
+                    ]
+
+                deadline = time.monotonic() + TIMEOUT_S
+                while await marked() != [b"1", b"1"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(2.0)  # a second copy would arrive by now
+                by_id: dict[str, list[JobResult]] = {}
+                for result in results.parsed():
+                    by_id.setdefault(result.job_id, []).append(result)
+            return by_id, await marked()
+        finally:
+            await client.aclose()
+
+    by_id, marks = asyncio.run(scenario())
+    assert marks == [b"1", b"1"]
+    assert {job_id: len(found) for job_id, found in by_id.items()} == {
+        "produced": 1, "unproduced": 1,
+    }  # fmt: skip
+    # The result the dead worker claimed, not a new run of the job.
+    assert by_id["unproduced"][0].text == "text of unproduced"
