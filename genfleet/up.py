@@ -28,7 +28,7 @@ from genfleet.processes import FleetProcess
 from genfleet.settings_flags import add_settings_arguments, as_flags, given_settings
 from worker.config import EngineConfig
 from worker.model_fetch import DEFAULT_MODEL
-from worker.service.engine_threads import cpu_engine_threads, usable_cores
+from worker.service.engine_threads import threads_per_worker
 
 READY_TIMEOUT_S = 300.0
 API_STOP_S = 10.0
@@ -182,7 +182,7 @@ def run_up(args: argparse.Namespace) -> int:
     model = _model_folder(engine.pop("model", DEFAULT_MODEL))
     if args.workers > 1 and "engine_threads" not in engine:
         # Several workers share this host's cores (all but one from four cores).
-        engine["engine_threads"] = max(1, cpu_engine_threads(usable_cores()) // args.workers)
+        engine["engine_threads"] = threads_per_worker(args.workers)
     served_name = model.name  # what the API serves and the workers' metrics are labelled
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="genfleet-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)

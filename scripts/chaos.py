@@ -32,6 +32,7 @@ from pathlib import Path
 from genfleet.chaos import scenarios
 from genfleet.chaos.target import Faults, Target, Verdict
 from genfleet.local_fleet import local_fleet
+from worker.service.engine_threads import threads_per_worker
 
 SCENARIOS = {scenario.__name__: scenario for scenario in scenarios.ALL}
 
@@ -100,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.model is None:
             parser.error("--local needs --model")
         with tempfile.TemporaryDirectory() as logs, local_fleet(args.model, Path(logs)) as fleet:
+            # Workers on one host share its cores, as under `genfleet up --workers N`.
+            share = ["--engine-threads", str(threads_per_worker(args.workers))]
             for _ in range(args.workers):
-                fleet.start_worker(*args.worker_flag)
+                fleet.start_worker(*share, *args.worker_flag)
             fleet.wait_until_serving()
             target = fleet.target()
             target.timeout_s = args.timeout_s

@@ -2,7 +2,8 @@
 # Run here, before the GPU check: what scripts/gpu_check.py needs that the GPU
 # machine lacks goes into .gpu_check/ (ignored by git, carried by the run):
 # pydantic's and jsonschema's wheels (the wire schemas the engine imports, and
-# their check of a structured-output JSON Schema), and SmolLM2's config
+# their check of a structured-output JSON Schema), pydantic-settings' (the bench's
+# flags are made from the engine's settings), and SmolLM2's config
 # and tokenizer files (its weights are too large to travel; the check builds
 # random weights of its architecture).
 set -euo pipefail
@@ -15,6 +16,8 @@ grep -qx "/.gpu_check/" "$EXCLUDE" 2>/dev/null || echo /.gpu_check/ >> "$EXCLUDE
 for spec in "pydantic==$($PY -c 'import pydantic; print(pydantic.VERSION)')" \
             "pydantic-core==$($PY -c 'import pydantic_core; print(pydantic_core.__version__)')" \
             annotated-types typing-inspection \
+            "pydantic-settings==$($PY -c 'import importlib.metadata as m; print(m.version("pydantic-settings"))')" \
+            python-dotenv \
             "jsonschema==$($PY -c 'import importlib.metadata as m; print(m.version("jsonschema"))')" \
             jsonschema-specifications referencing rpds-py; do
   $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \

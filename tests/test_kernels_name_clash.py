@@ -26,19 +26,25 @@ PROBE = (
 HIDE_OURS = "import sys\nsys.modules['kernels'] = None\n"
 
 
-def _probe(with_ours: bool) -> str:
+def _probe(with_ours: bool) -> subprocess.Popen:
+    """The probe in a fresh interpreter, started (the two run side by side)."""
     repo = Path(__file__).resolve().parents[1]
     code = PROBE.replace("kernels.__file__ is not None", "'kernels' in sys.modules")
     code = "import sys\n" + code if with_ours else HIDE_OURS + code.replace(", kernels,", ",")
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=repo
     )
-    return result.stdout.strip()
+
+
+def _printed(probe: subprocess.Popen) -> str:
+    out, _ = probe.communicate(timeout=120)
+    assert probe.returncode == 0
+    return out.strip()
 
 
 def test_transformers_behaves_the_same_with_our_kernels_importable() -> None:
-    with_ours = _probe(with_ours=True)
-    without_ours = _probe(with_ours=False)
+    probes = _probe(with_ours=True), _probe(with_ours=False)
+    with_ours, without_ours = (_printed(probe) for probe in probes)
     assert with_ours.startswith("False True")
     assert with_ours.split()[1:] == without_ours.split()[1:]
     assert without_ours.split()[0] == "False"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from genfleet.local_services import LocalService, free_port, local_services
+from genfleet.local_services import LocalService, free_port, local_services, start_redis
 from genfleet.processes import ApiProcess, FleetProcess
 from queue_schemas import Names
 
@@ -113,6 +113,7 @@ def _ready(url: str) -> bool:
 class SmolFleet:
     api: ApiProcess
     prefix: str  # of its topics and keys
+    redis_url: str
 
     @property
     def url(self) -> str:
@@ -122,14 +123,17 @@ class SmolFleet:
 @pytest.fixture(scope="session")
 def smollm2_fleet(services, smollm2_path, tmp_path_factory):
     """A SmolLM2 worker and the API in front of it, shared by the tests that ask the real
-    model (each of its jobs has an id of its own), on topics of their own."""
-    prefix, common = fleet_flags(services)
+    model (each of its jobs has an id of its own), on topics of their own and a Redis of
+    their own: tests that count an API's Redis connections see only their API's."""
+    redis = start_redis()
+    prefix, common = fleet_flags((services[0], redis))
     logs = tmp_path_factory.mktemp("smollm2-fleet")
     worker = FleetProcess("worker", [*common, "--model", str(smollm2_path)], logs / "worker.log")
     api = ApiProcess([*common, "--model", MODEL], logs / "api.log")
-    yield SmolFleet(api, prefix)
+    yield SmolFleet(api, prefix, redis.address)
     api.stop()
     worker.stop()
+    redis.stop()
 
 
 ALICE, BOB = "key-alice", "key-bob"

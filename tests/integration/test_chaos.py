@@ -14,6 +14,7 @@ import pytest
 from genfleet.chaos import scenarios
 from genfleet.local_fleet import LocalFleet, local_fleet
 from tests.integration.conftest import TINY_KV_FLAGS
+from worker.service.engine_threads import threads_per_worker
 
 WORKER_FLAGS = ("--jobs-partitions", "4", "--result-confirm-grace-s", "5", *TINY_KV_FLAGS)
 
@@ -28,8 +29,10 @@ def fleet(chat_model: Path, tmp_path: Path) -> Iterator[Callable[..., LocalFleet
             if data is not None:
                 data.mkdir()
             started = stack.enter_context(local_fleet(chat_model, tmp_path, data))
+            # The workers share the host's cores, as under `genfleet up --workers N`.
+            share = ("--engine-threads", str(threads_per_worker(workers)))
             for _ in range(workers):
-                started.start_worker(*WORKER_FLAGS)
+                started.start_worker(*WORKER_FLAGS, *share)
             started.wait_until_serving()
             return started
 

@@ -138,8 +138,8 @@ def test_invalid_constraints_are_refused_by_name_and_the_worker_serves_on(smollm
 
 
 def test_jobs_produced_straight_to_kafka_follow_their_constraint(services, smollm2_fleet) -> None:
-    kafka, redis = services
-    target = Target(kafka.address, redis.address, smollm2_fleet.prefix)
+    kafka, _ = services
+    target = Target(kafka.address, smollm2_fleet.redis_url, smollm2_fleet.prefix)
     constrained = {
         f"kafka-{i}": {
             "schema_version": 2,

@@ -18,15 +18,18 @@ from tests.integration.kafka_helpers import (
     read_topic,
     results_by_id,
 )
+from worker.service.engine_threads import threads_per_worker
 
 
 def test_a_killed_worker_loses_no_job(services, start_worker, prefix) -> None:
     kafka, _ = services
     names = Names(prefix)
     ids = [f"k{i}" for i in range(24)]
-    # Small steps keep both workers busy long enough for the kill to hit running jobs.
-    first = start_worker("--max-num-seqs", "4")
-    second = start_worker("--max-num-seqs", "4")
+    # Small steps keep both workers busy long enough for the kill to hit running jobs;
+    # the two share the host's cores.
+    share = ("--max-num-seqs", "4", "--engine-threads", str(threads_per_worker(2)))
+    first = start_worker(*share)
+    second = start_worker(*share)
 
     async def scenario() -> list[bytes]:
         await produce_records(kafka.address, names.jobs_topic, [long_job(i, 150) for i in ids])

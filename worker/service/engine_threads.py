@@ -38,6 +38,12 @@ def cpu_engine_threads(cores: int) -> int:
     return cores - 1 if cores >= RESERVE_FROM_CORES else cores
 
 
+def threads_per_worker(workers: int) -> int:
+    """Each CPU engine's share when ``workers`` of them run on this host: engines whose
+    OpenMP threads outnumber the cores stall each other at every step's barriers."""
+    return max(1, cpu_engine_threads(usable_cores()) // workers)
+
+
 def serving_engine_threads(device: str) -> int:
     """A worker engine's threads on ``device`` (resolved: ``cpu``, ``cuda``, ``cuda:N``)."""
     return 1 if device.startswith("cuda") else cpu_engine_threads(usable_cores())
