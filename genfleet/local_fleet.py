@@ -75,15 +75,28 @@ class LocalFleet:
         self.apis.append(api)
         return api
 
-    def wait_until_serving(self) -> None:
-        """Every live worker has joined the group and holds a partition."""
+    def wait_until_serving(self, since: dict[str, int] | None = None) -> None:
+        """Every live worker has joined the group and holds a partition (in its log past
+        ``since``'s offset, for a worker started again into the same log)."""
+        since = since or {}
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            live = [w for w in self.workers.values() if w.alive]
-            if all(_ASSIGNED.search(w.log()) for w in live):
+            live = {i: w for i, w in self.workers.items() if w.alive}
+            if all(_ASSIGNED.search(w.log()[since.get(i, 0) :]) for i, w in live.items()):
                 return
             time.sleep(0.2)
         raise RuntimeError("workers did not join the group in time")
+
+    def revive(self) -> None:
+        """Start again every worker that died, as an orchestrator would, and wait until
+        all serve (the chaos scenarios kill workers; the next one needs the fleet whole)."""
+        since = {}
+        for worker_id, worker in list(self.workers.items()):
+            if not worker.alive:
+                since[worker_id] = len(worker.log())
+                self.restart_worker(worker_id)
+        if since:
+            self.wait_until_serving(since)
 
     def kill_worker(self) -> str:
         worker_id, victim = next((i, w) for i, w in self.workers.items() if w.alive)

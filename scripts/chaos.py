@@ -64,9 +64,15 @@ def remote_target(args: argparse.Namespace) -> Target:
     return Target(args.kafka_bootstrap, args.redis_url, args.topic_prefix, faults=faults)
 
 
-async def run_all(target: Target, names: list[str]) -> list[Verdict]:
+async def run_all(
+    target: Target, names: list[str], between: Callable[[], None] | None = None
+) -> list[Verdict]:
+    """Each scenario in turn; ``between`` runs before each (a local fleet revives the
+    workers the last one killed)."""
     verdicts = []
     for name in names:
+        if between is not None:
+            await asyncio.to_thread(between)
         verdict = await SCENARIOS[name](target)
         print(verdict.line(), flush=True)
         verdicts.append(verdict)
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet.wait_until_serving()
             target = fleet.target()
             target.timeout_s = args.timeout_s
-            verdicts = asyncio.run(run_all(target, names))
+            verdicts = asyncio.run(run_all(target, names, between=fleet.revive))
     else:
         if not args.kafka_bootstrap or not args.redis_url:
             parser.error("give --local, or --kafka-bootstrap and --redis-url")

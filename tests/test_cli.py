@@ -51,3 +51,33 @@ def test_settings_come_from_flags_then_environment(monkeypatch) -> None:
     assert settings.max_num_seqs == 9
     assert settings.redis_url == "redis://example:1/0"
     assert settings.kafka_idempotence is True
+
+
+def test_bench_and_up_take_the_engines_knobs_from_its_definitions() -> None:
+    from pathlib import Path
+
+    from genfleet.bench.run import _engine_config, _worker_settings
+    from genfleet.cli import build_parser
+    from genfleet.settings_flags import as_flags, given_settings
+    from worker.config import EngineConfig
+
+    bench = build_parser().parse_args(
+        ["bench", "--model", "m", "--seed", "5", "--max-num-seqs", "7", "--no-enforce-eager"]
+    )
+    config = _engine_config(bench, Path("/models/m"), "bfloat16")
+    assert (config.model, config.seed, config.max_num_seqs, config.enforce_eager) == (
+        "/models/m", 5, 7, False,
+    )  # fmt: skip
+    assert config.max_num_batched_tokens == EngineConfig().max_num_batched_tokens  # not given
+    worker = _worker_settings(bench, Path("/models/m"))
+    assert (worker.model, worker.max_num_seqs, worker.dtype) == ("/models/m", 7, "bfloat16")
+
+    up = build_parser().parse_args(
+        ["up", "--max-num-seqs", "9", "--override-generation-config", '{"temperature": 0.1}']
+    )
+    flags = as_flags(given_settings(up, EngineConfig))
+    assert flags == ["--max-num-seqs", "9", "--override-generation-config", '{"temperature": 0.1}']
+    again = build_parser().parse_args(["worker", *flags])
+    assert given_settings(again, EngineConfig) == {
+        "max_num_seqs": "9", "override_generation_config": '{"temperature": 0.1}',
+    }  # fmt: skip

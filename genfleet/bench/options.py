@@ -7,6 +7,11 @@ from worker.config import EngineConfig
 ENGINE_FLAGS = ("device", "enforce_eager", "max_num_seqs", "max_num_batched_tokens")
 
 
+def engine_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The engine knobs given on the bench's command line."""
+    return {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument(

@@ -14,8 +14,8 @@ from transformers import PreTrainedTokenizerBase
 from genfleet.bench.engine_driver import run_engine
 from genfleet.bench.hf_baseline import load_hf_model, run_hf
 from genfleet.bench.metrics import RunSummary
+from genfleet.bench.options import engine_flags
 from genfleet.bench.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
-from genfleet.settings_flags import given_settings
 from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.device import DTYPES
 from worker.engine import load_tokenizer
@@ -165,9 +165,7 @@ def _structured_benchmark(
 
 def _engine_config(args: argparse.Namespace, folder: Path, dtype: str) -> EngineConfig:
     """The offline engine under test: the engine flags given, the bench's seed."""
-    return EngineConfig(
-        model=str(folder), dtype=dtype, seed=args.seed, **given_settings(args, EngineConfig)
-    )
+    return EngineConfig(model=str(folder), dtype=dtype, seed=args.seed, **engine_flags(args))
 
 
 def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings":
@@ -178,7 +176,7 @@ def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings"
     if len(dtypes) != 1:
         raise ValueError("the fleet runs one dtype: pass --dtypes with one of them")
     return WorkerSettings(
-        **given_settings(args, EngineConfig),
+        **engine_flags(args),
         model=str(folder),
         dtype=dtypes[0],
         stream_interval=args.stream_interval,
