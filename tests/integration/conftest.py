@@ -84,14 +84,16 @@ def fleet_flags(services: tuple[LocalService, LocalService]) -> tuple[str, list[
     return prefix, flags
 
 
-def metered_worker(flags: list[str], model: Path, log: Path) -> tuple[FleetProcess, str]:
+def metered_worker(
+    flags: list[str], model: Path, log: Path, *extra: str
+) -> tuple[FleetProcess, str]:
     """A worker on the tiny model's KV budget serving its metrics and health, and their
     URL, once it is ready (model loaded, group joined)."""
     port = free_port()
     worker = FleetProcess(
         "worker",
         [*flags, "--model", str(model), *TINY_KV_FLAGS,
-         "--metrics-host", "127.0.0.1", "--metrics-port", str(port)],
+         "--metrics-host", "127.0.0.1", "--metrics-port", str(port), *extra],
         log,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,11 @@
 """Deadlines through the whole fleet: a job read too late never reaches the engine, one
-that runs past its deadline is stopped and frees its blocks, and the routes say so."""
+that runs past its deadline is stopped and frees its blocks, and the routes say so.
+The module's worker also runs with ``--generation-config vllm`` on a model folder that
+has a generation config: the model's sampling defaults are then not applied."""
 
 import asyncio
+import json
+import shutil
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -21,12 +25,21 @@ from tests.integration.metrics import sample, total
 LONG = 4000  # tokens: seconds on the tiny model, so a deadline of one second stops it
 
 
+# What the model folder says; --generation-config vllm must leave it unapplied.
+FOLDER_SAMPLING = {"do_sample": True, "temperature": 0.0, "top_p": 0.5, "max_new_tokens": 3}
+
+
 @pytest.fixture(scope="module")
 def fleet(services, long_chat_model, tmp_path_factory):
     """A worker (with its metrics) and an API, for this module's tests."""
     prefix, flags = fleet_flags(services)
     logs = tmp_path_factory.mktemp("deadlines")
-    worker, worker_url = metered_worker(flags, long_chat_model, logs / "worker.log")
+    model = logs / "model"
+    shutil.copytree(long_chat_model, model)
+    (model / "generation_config.json").write_text(json.dumps(FOLDER_SAMPLING))
+    worker, worker_url = metered_worker(
+        flags, model, logs / "worker.log", "--generation-config", "vllm"
+    )
     api = ApiProcess(flags, logs / "api.log")
     yield api, worker_url, Names(prefix), services[0].address
     api.stop()
@@ -136,3 +149,16 @@ def test_a_deadline_header_out_of_bounds_is_a_422_naming_it(fleet, headers) -> N
     reply = httpx.post(f"{api.url}/v1/completions", json=body, headers=headers, timeout=30)
     assert reply.status_code == 422
     assert next(iter(headers)) in reply.json()["error"]["message"]
+
+
+def test_generation_config_vllm_leaves_the_models_sampling_defaults_unapplied(fleet) -> None:
+    api, _, _, _ = fleet
+    body = {"prompt": "The sea", "sampling": {"max_tokens": 2}}  # the rest left unset
+    with httpx.Client(base_url=api.url, timeout=60) as client:
+        reply = client.post("/v1/jobs", json=body)
+        assert reply.status_code == 202, reply.text
+        job_id = reply.json()["id"]
+        assert read_events(client, job_id).final_event == "completed"
+        applied = client.get(f"/v1/jobs/{job_id}").json()["sampling"]
+    # The neutral values, not the folder's temperature 0 and top_p 0.5.
+    assert (applied["temperature"], applied["top_p"], applied["max_tokens"]) == (1.0, 1.0, 2)
