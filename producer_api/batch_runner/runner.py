@@ -18,7 +18,7 @@ comes in, it walks the active batches (``BatchStore``):
   order (``output``), and ``completed``.
 
 Meanwhile it reads the results topic in its own consumer group and records each
-batch job's result once in Redis, committing offsets only after. Everything it
+batch job's result once in Redis, committing offsets only after (``results``). Everything it
 knows is in Redis and Kafka: a restarted runner (or API) loses nothing, and a
 result read twice counts once. Lines whose submission a crash interrupted are
 submitted again under the same job ids.
@@ -30,13 +30,10 @@ import logging
 import signal
 import time
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
-from redis.exceptions import RedisError
-
 from producer_api.auth import Tenant
-from producer_api.batch_runner.lines import Line, as_lines, batch_of, count_progress, slim
+from producer_api.batch_runner.lines import Line, as_lines, count_progress, slim
 from producer_api.batch_runner.output import write_files
+from producer_api.batch_runner.results import OUTAGES, ResultsReader
 from producer_api.errors import ApiError
 from producer_api.metrics import ApiMetrics
 from producer_api.schemas.batches import (
@@ -52,7 +49,6 @@ from producer_api.services.fleet import Fleet
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult
 from queue_schemas.logs import configure_logging
-from queue_schemas.topics import ensure_topics
 
 log = logging.getLogger("genfleet.batch")
 # A result wakes the runner at most this often, and after at least nine times the
@@ -60,9 +56,6 @@ log = logging.getLogger("genfleet.batch")
 MIN_WAKE_GAP_S = 0.1
 SUBMIT_CHUNK = 64
 CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold the batch
-RETRY_S = 1.0
-# What an outage of Redis, Kafka or the files folder raises: waited out, never fatal.
-OUTAGES = (RedisError, KafkaError, OSError, ApiError)
 
 
 class BatchRunner:
@@ -80,19 +73,10 @@ class BatchRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.fleet.start()
-        consumer = AIOKafkaConsumer(
-            self.names.results_topic,
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            group_id=self.names.batch_runner_group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            # A runner that died hands the results over to its successor this soon.
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=1000,
-        )
+        results = ResultsReader(self.settings, self.store, self._new_result)
         try:
-            await self._start(consumer, stop)
-            reading = asyncio.create_task(self._read_results(consumer, stop))
+            await results.start(stop)
+            reading = asyncio.create_task(results.run(stop))
             while not stop.is_set():
                 self._result_came.clear()  # a result taken during the walk wakes the next
                 began = time.monotonic()
@@ -104,8 +88,15 @@ class BatchRunner:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
         finally:
-            await consumer.stop()
+            await results.stop()
             await self.fleet.stop()
+
+    def _new_result(self, batch_id: str, result: JobResult) -> None:
+        """A batch job's result, recorded for the first time: it counts, and it wakes the
+        runner (a window has room, or the batch may be done)."""
+        if batch_id in self._done:
+            self._done[batch_id][result.job_id] = slim(result)
+        self._result_came.set()
 
     async def _until_next_tick(self, stop: asyncio.Event, walk_s: float) -> None:
         """A tick's time, or less when a result came: a window with room is refilled
@@ -115,59 +106,6 @@ class BatchRunner:
         gap = min(tick_s, max(MIN_WAKE_GAP_S, 9 * walk_s))
         await _until_set([stop], gap)
         await _until_set([stop, self._result_came], tick_s - gap)
-
-    async def _start(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await ensure_topics(
-                    self.settings.kafka_bootstrap, self.names, self.settings.jobs_partitions
-                )
-                await consumer.start()
-                log.info("batch runner reading %s", self.names.results_topic)
-                return
-            except (KafkaError, OSError) as error:
-                log.warning("batch runner: broker unavailable (%r); retrying", error)
-                await asyncio.sleep(RETRY_S)
-
-    async def _read_results(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
-        """Record every batch job's result, committing only what is recorded; an outage
-        stops nothing: uncommitted results are read again."""
-        while not stop.is_set():
-            try:
-                fetched = await consumer.getmany(timeout_ms=500)
-                for records in fetched.values():
-                    for record in records:
-                        await self._take_result(record.value)
-                if fetched:
-                    await consumer.commit()
-            except OUTAGES as error:
-                log.warning("batch runner, results: %r; reading again", error)
-                await self._rewind(consumer)
-                await asyncio.sleep(RETRY_S)
-
-    async def _rewind(self, consumer: AIOKafkaConsumer) -> None:
-        """Back to the last commit, so the results of a failed fetch are not skipped."""
-        for partition in consumer.assignment():
-            with contextlib.suppress(*OUTAGES):
-                committed = await consumer.committed(partition)
-                if committed is None:
-                    await consumer.seek_to_beginning(partition)
-                else:
-                    consumer.seek(partition, committed)
-
-    async def _take_result(self, value: bytes | None) -> None:
-        try:
-            result = JobResult.model_validate_json(value or b"")
-        except ValueError:
-            return  # not a result this runner can read; the workers dead-letter their own
-        batch_id = batch_of(result.job_id)
-        if batch_id is None or not await self.store.exists(result.tenant, batch_id):
-            return  # not a batch's job, or a batch this fleet never made
-        new = await self.store.record_result(result.tenant, batch_id, result)
-        if new and batch_id in self._done:
-            self._done[batch_id][result.job_id] = slim(result)
-        if new:
-            self._result_came.set()
 
     async def _tick(self) -> None:
         for tenant, batch_id in await self.store.active():

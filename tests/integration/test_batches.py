@@ -16,8 +16,15 @@ import pytest
 import redis
 from openai import OpenAI
 
-from genfleet.local_fleet import local_fleet
 from genfleet.processes import ApiProcess, FleetProcess
+from tests.integration.batch_helpers import (
+    batch_client,
+    chat_line,
+    create_batch,
+    read_jsonl,
+    upload,
+    wait_for_status,
+)
 from tests.integration.conftest import fleet_flags, metered_worker
 
 
@@ -64,7 +71,7 @@ def batch_fleet(batch_worker, tmp_path):
 
     def start_api(*extra: str) -> OpenAI:
         apis.append(ApiProcess([*common, *keys, *extra], tmp_path / f"api-{len(apis)}.log"))
-        return _client(apis[-1], api_key=key)
+        return batch_client(apis[-1], api_key=key)
 
     def start_runner(*extra: str) -> FleetProcess:
         log = tmp_path / f"runner-{len(runners)}.log"
@@ -85,64 +92,23 @@ def batch_fleet(batch_worker, tmp_path):
         process.stop()
 
 
-def _client(api, retries: int = 0, api_key: str = "unused") -> OpenAI:
-    return OpenAI(base_url=f"{api.url}/v1", api_key=api_key, max_retries=retries, timeout=60)
-
-
-def _chat_line(i: int, **body) -> dict:
-    messages = [{"role": "user", "content": f"Question number {i}?"}]
-    return {
-        "custom_id": f"q-{i}",
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "tiny-chat", "messages": messages, "max_tokens": 4 + i % 5,
-                 "temperature": 0, **body},
-    }  # fmt: skip
-
-
-def _upload(client: OpenAI, lines: list[dict]) -> str:
-    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    return client.files.create(file=("input.jsonl", content), purpose="batch").id
-
-
-def _create(client: OpenAI, lines: list[dict]):
-    return client.batches.create(
-        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )  # fmt: skip
-
-
-def _wait(client: OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 180):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
-            return batch
-        time.sleep(0.5)
-    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s} s")
-
-
-def _jsonl(client: OpenAI, file_id: str) -> list[dict]:
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
-
-
 def test_a_100_line_batch_answers_every_line_once(batch_fleet) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner()
-    lines = [_chat_line(i) for i in range(100)]
+    lines = [chat_line(i) for i in range(100)]
     batch = client.batches.create(
-        input_file_id=_upload(client, lines),
+        input_file_id=upload(client, lines),
         endpoint="/v1/chat/completions",
         completion_window="24h",
         metadata={"team": "etl"},
     )
     assert batch.status == "validating" and batch.metadata == {"team": "etl"}
-    done = _wait(client, batch.id, {"completed", "failed"})
+    done = wait_for_status(client, batch.id, {"completed", "failed"})
     assert done.status == "completed", done
     assert done.request_counts.model_dump() == {"total": 100, "completed": 100, "failed": 0}
     assert done.error_file_id is None and done.output_file_id is not None
     assert done.in_progress_at and done.finalizing_at and done.completed_at
-    output = _jsonl(client, done.output_file_id)
+    output = read_jsonl(client, done.output_file_id)
     assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(100)]
     for i, line in enumerate(output):
         response = line["response"]
@@ -158,12 +124,12 @@ def test_a_100_line_batch_answers_every_line_once(batch_fleet) -> None:
 
 def test_each_result_lets_the_next_line_in_without_waiting_for_a_tick(batch_fleet) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
-    batch = _create(client, [_chat_line(i) for i in range(12)])
+    batch = create_batch(client, [chat_line(i) for i in range(12)])
     # The runner looks at its batches once at start, then only every 10 minutes: a
     # window of 2 lines gets through 12 within the deadline only if each result wakes
     # it to submit the next lines, and the last one to write the output.
     start_runner("--batch-max-in-flight", "2", "--batch-tick-s", "600")
-    done = _wait(client, batch.id, {"completed", "failed"}, timeout_s=120)
+    done = wait_for_status(client, batch.id, {"completed", "failed"}, timeout_s=120)
     assert done.status == "completed", done
     assert done.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}
 
@@ -171,19 +137,19 @@ def test_each_result_lets_the_next_line_in_without_waiting_for_a_tick(batch_flee
 def test_invalid_lines_fail_the_batch_with_their_line_numbers(batch_fleet) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner()
-    lines: list = [_chat_line(i) for i in range(10)]
+    lines: list = [chat_line(i) for i in range(10)]
     lines[1] = "not json"
-    lines[3] = {**_chat_line(3), "url": "/v1/completions"}  # not the batch's endpoint
-    lines[5] = _chat_line(5, temperature=7)  # the route refuses it
-    lines[6] = {**_chat_line(6), "custom_id": "q-0"}  # a repeated custom_id
-    lines[8] = _chat_line(8, max_tokens=-1)
+    lines[3] = {**chat_line(3), "url": "/v1/completions"}  # not the batch's endpoint
+    lines[5] = chat_line(5, temperature=7)  # the route refuses it
+    lines[6] = {**chat_line(6), "custom_id": "q-0"}  # a repeated custom_id
+    lines[8] = chat_line(8, max_tokens=-1)
     texts = [line if isinstance(line, str) else json.dumps(line) for line in lines]
     content = "".join(text + "\n" for text in texts)
     file_id = client.files.create(file=("bad.jsonl", content.encode()), purpose="batch").id
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    failed = _wait(client, batch.id, {"failed", "completed"})
+    failed = wait_for_status(client, batch.id, {"failed", "completed"})
     assert failed.status == "failed" and failed.failed_at
     errors = {(e.line, e.code, e.param) for e in failed.errors.data}
     assert errors == {
@@ -200,8 +166,8 @@ def test_a_cancelled_batch_ends_with_its_finished_lines_and_frees_the_worker(bat
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner("--batch-max-in-flight", "4")
     # Two short lines, then lines seconds long: running when the cancel comes.
-    lines = [_chat_line(i, max_tokens=4 if i < 2 else 4000, ignore_eos=True) for i in range(40)]
-    batch = _create(client, lines)
+    lines = [chat_line(i, max_tokens=4 if i < 2 else 4000, ignore_eos=True) for i in range(40)]
+    batch = create_batch(client, lines)
     deadline = time.monotonic() + 120
     while client.batches.retrieve(batch.id).request_counts.completed < 2 or not (
         _gauge(batch_fleet.worker_metrics, "num_requests_running")
@@ -210,10 +176,10 @@ def test_a_cancelled_batch_ends_with_its_finished_lines_and_frees_the_worker(bat
         time.sleep(0.1)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
-    cancelled = _wait(client, batch.id, {"cancelled"}, timeout_s=90)
+    cancelled = wait_for_status(client, batch.id, {"cancelled"}, timeout_s=90)
     finished = cancelled.request_counts.completed
     assert 2 <= finished < 40 and cancelled.request_counts.total == 40
-    output = _jsonl(client, cancelled.output_file_id)
+    output = read_jsonl(client, cancelled.output_file_id)
     assert len(output) == finished == len({line["custom_id"] for line in output})
     # The lines running at the cancel were aborted, not left to finish.
     statuses = [_job_status(client, f"{batch.id}-{i + 1}-0") for i in range(40)]
@@ -247,20 +213,20 @@ def _gauge(metrics_url: str, name: str) -> float | None:
 def test_a_batch_past_its_window_expires_with_what_finished(batch_fleet) -> None:
     client = batch_fleet.restart_api("--batch-window-s", "10")
     batch_fleet.start_runner("--batch-max-in-flight", "4")
-    batch = _create(client, [_chat_line(i, max_tokens=300, ignore_eos=True) for i in range(80)])
+    batch = create_batch(client, [chat_line(i, max_tokens=300, ignore_eos=True) for i in range(80)])
     assert batch.expires_at == batch.created_at + 10
-    expired = _wait(client, batch.id, {"expired", "completed"}, timeout_s=60)
+    expired = wait_for_status(client, batch.id, {"expired", "completed"}, timeout_s=60)
     assert expired.status == "expired" and expired.expired_at >= batch.expires_at
     finished = expired.request_counts.completed
     assert 0 < finished < 80
-    assert len(_jsonl(client, expired.output_file_id)) == finished
+    assert len(read_jsonl(client, expired.output_file_id)) == finished
 
 
 def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) -> None:
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     runner = start_runner("--batch-max-in-flight", "16")
-    lines = [_chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
-    batch = _create(client, lines)
+    lines = [chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
+    batch = create_batch(client, lines)
     deadline = time.monotonic() + 120
     while client.batches.retrieve(batch.id).request_counts.completed < 20:
         assert time.monotonic() < deadline, "the batch did not get going"
@@ -270,10 +236,10 @@ def test_a_batch_survives_its_runner_and_its_api_dying_mid_batch(batch_fleet) ->
     assert client.batches.retrieve(batch.id).status == "in_progress"
     time.sleep(2)  # results land on the topic while no runner reads them
     start_runner("--batch-max-in-flight", "16")
-    done = _wait(client, batch.id, {"completed", "failed"})
+    done = wait_for_status(client, batch.id, {"completed", "failed"})
     assert done.status == "completed"
     assert done.request_counts.model_dump() == {"total": 100, "completed": 100, "failed": 0}
-    output = _jsonl(client, done.output_file_id)
+    output = read_jsonl(client, done.output_file_id)
     assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(100)]
     assert all(line["response"]["body"]["usage"]["completion_tokens"] == 16 for line in output)
 
@@ -284,7 +250,7 @@ def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
     client, start_runner = batch_fleet.client, batch_fleet.start_runner
     start_runner("--batch-max-in-flight", "8")
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    lines = [_chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
+    lines = [chat_line(i, max_tokens=16, ignore_eos=True) for i in range(100)]
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     command = [sys.executable, "-m", "genfleet.cli", "batch", "run", str(source),
                "-o", str(output), "--url", _api_url(client), "--poll-s", "0.2",
@@ -318,29 +284,3 @@ def test_the_cli_interrupted_at_half_attaches_again_and_finishes(
     pattern = f"{batch_worker.prefix}job:*:{batches[0].id}-*"
     jobs = [key for key in store.scan_iter(pattern) if key.count(b":") == 2]
     assert len(jobs) == 100
-
-
-def test_a_batch_goes_on_through_a_redis_restart(chat_model, tmp_path) -> None:
-    """Its own fleet: Redis (with AOF) stops for a second mid-batch; the runner, the API
-    and the worker wait it out, and every line comes back once. (It found an idle
-    worker that kept its intake paused for ever after the outage: nothing of its own
-    was left to call Redis and see it back.)"""
-    files = ["--files-dir", str(tmp_path / "files"), "--model", "tiny-chat"]
-    with local_fleet(chat_model, tmp_path, redis_data_dir=tmp_path / "redis") as fleet:
-        fleet.start_worker()
-        fleet.start_batch_runner(*files, "--batch-max-in-flight", "8")
-        # Retries as the official client makes them by default: the API answers 503
-        # while Redis is away.
-        client = _client(fleet.start_api(*files), retries=5)
-        fleet.wait_until_serving()
-        batch = _create(client, [_chat_line(i, max_tokens=32, ignore_eos=True) for i in range(60)])
-        deadline = time.monotonic() + 120
-        while client.batches.retrieve(batch.id).request_counts.completed < 10:
-            assert time.monotonic() < deadline, "the batch did not get going"
-            time.sleep(0.2)
-        fleet.restart_redis(down_s=1.0)
-        done = _wait(client, batch.id, {"completed", "failed"}, timeout_s=60)
-        assert done.status == "completed"
-        output = _jsonl(client, done.output_file_id)
-        assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(60)]
-        assert all(runner.alive for runner in fleet.batch_runners)
