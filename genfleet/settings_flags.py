@@ -50,8 +50,8 @@ def given_settings(args: argparse.Namespace, settings: type[BaseModel]) -> dict[
     }
 
 
-def settings_from_args(args: argparse.Namespace, settings: type[M], **fixed: Any) -> M:
-    return settings(**{**given_settings(args, settings), **fixed})
+def settings_from_args(args: argparse.Namespace, settings: type[M]) -> M:
+    return settings(**given_settings(args, settings))
 
 
 def as_flags(values: Mapping[str, Any]) -> list[str]:

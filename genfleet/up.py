@@ -27,7 +27,6 @@ from genfleet.local_fleet import LocalFleet, local_fleet
 from genfleet.processes import FleetProcess
 from genfleet.settings_flags import add_settings_arguments, as_flags, given_settings
 from worker.config import EngineConfig
-from worker.model_fetch import DEFAULT_MODEL
 from worker.service.engine_threads import threads_per_worker
 
 READY_TIMEOUT_S = 300.0
@@ -178,8 +177,9 @@ def run_up(args: argparse.Namespace) -> int:
     for port in metrics_ports:
         _check_port_free(port, "a worker's metrics")
     engine = given_settings(args, EngineConfig)
-    EngineConfig(**engine)  # a knob out of bounds stops here, not in every worker
-    model = _model_folder(engine.pop("model", DEFAULT_MODEL))
+    # A knob out of bounds stops here, not in every worker.
+    model = _model_folder(EngineConfig(**engine).model)
+    engine.pop("model", None)  # the workers get the folder
     if args.workers > 1 and "engine_threads" not in engine:
         # Several workers share this host's cores (all but one from four cores).
         engine["engine_threads"] = threads_per_worker(args.workers)

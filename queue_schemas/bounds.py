@@ -43,6 +43,11 @@ TenantName = Annotated[
 ]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+MinP = Annotated[float, Field(ge=0, le=1)]
+RepetitionPenalty = Annotated[float, Field(gt=0, le=2)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]  # presence and frequency
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
 MinTokens = Annotated[int, Field(ge=0, le=MAX_OUTPUT_TOKENS)]

@@ -12,18 +12,23 @@ to the model's context). What was unset stays unset through every dump, so the
 API, Kafka and the engine process all see the request as the client sent it.
 """
 
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from queue_schemas.bounds import (
+    MinP,
     MinTokens,
     OutputTokens,
+    Penalty,
+    RepetitionPenalty,
     Seed,
     StopList,
     StopTokenIds,
+    Temperature,
     TopK,
     TopLogprobs,
+    TopP,
 )
 from queue_schemas.structured import StructuredOutputs
 from queue_schemas.versioning import WireModel
@@ -33,12 +38,6 @@ GREEDY_TEMPERATURE = 1e-5
 # The fields a model's generation config gives defaults for (vLLM's
 # ``get_diff_sampling_param``); ``max_new_tokens`` there is ``max_tokens`` here.
 MODEL_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens")
-
-Temperature = Annotated[float, Field(ge=0, le=2)]
-TopP = Annotated[float, Field(gt=0, le=1)]
-MinP = Annotated[float, Field(ge=0, le=1)]
-RepetitionPenalty = Annotated[float, Field(gt=0, le=2)]
-Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
 class SamplingOptions(WireModel):

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from worker.model_fetch import DEFAULT_MODEL
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPE_CHOICES: tuple[str, ...] = Dtype.__args__  # type: ignore[attr-defined]
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
 

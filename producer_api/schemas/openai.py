@@ -30,15 +30,20 @@ from queue_schemas.bounds import (
     MAX_CHOICE_OPTIONS,
     MAX_MESSAGES,
     MAX_STOP_STRINGS,
+    MinP,
     MinTokens,
     OutputTokens,
+    Penalty,
     Priority,
+    RepetitionPenalty,
     Seed,
     StopText,
     StopTokenIds,
+    Temperature,
     TokenId,
     TopK,
     TopLogprobs,
+    TopP,
 )
 from queue_schemas.jobs import TimeoutSeconds
 from queue_schemas.structured import check_json_schema
@@ -120,18 +125,18 @@ class GenerationRequest(BaseModel):
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: Seed | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     max_tokens: OutputTokens | None = None
     user: str | None = None
     # vLLM's extras.
     top_k: TopK | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False
     min_tokens: MinTokens = 0
     stop_token_ids: StopTokenIds | None = None
