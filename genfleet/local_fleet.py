@@ -21,7 +21,7 @@ class LocalFleet:
         self,
         kafka: LocalService,
         redis: LocalService,
-        model: Path,
+        model: Path | str,
         log_dir: Path,
         own_group: bool = False,
     ) -> None:
@@ -148,7 +148,7 @@ class LocalFleet:
 
 @contextlib.contextmanager
 def local_fleet(
-    model: Path, log_dir: Path, redis_data_dir: Path | None = None, own_group: bool = False
+    model: Path | str, log_dir: Path, redis_data_dir: Path | None = None, own_group: bool = False
 ) -> Iterator[LocalFleet]:
     """Broker and Redis started here (workers: ``start_worker``), all stopped on exit."""
     kafka = start_kafka(own_group=own_group)

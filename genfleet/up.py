@@ -68,14 +68,27 @@ def _check_port_free(port: int, what: str) -> None:
             ) from None
 
 
-def _model_folder(name: str) -> Path:
-    from worker.model_fetch import cache_dir, is_model_folder, resolve_model
+def _workers_model(name: str) -> tuple[str, str]:
+    """What the workers get as ``--model`` and the name the API serves: a folder or GGUF
+    file as given, or a known name fetched here once (each worker then takes the form
+    for its device, ``worker.model_fetch.resolve_model``)."""
+    from worker.model_fetch import (
+        KNOWN_MODELS,
+        cache_dir,
+        fetch_model,
+        is_model_folder,
+        resolve_model,
+    )
 
-    path = Path(name).expanduser()
-    if path.is_dir() or is_model_folder(cache_dir() / name):
-        return resolve_model(name)
-    with console.status(f"fetching and converting {name} (once; later starts read the cache)"):
-        return resolve_model(name)
+    if Path(name).expanduser().exists() or name not in KNOWN_MODELS:
+        path = resolve_model(name)  # a ValueError for a name it does not know
+        return str(path), path.stem if path.is_file() else path.name
+    if is_model_folder(cache_dir() / name):
+        fetch_model(name)
+    else:
+        with console.status(f"fetching and converting {name} (once; later starts read the cache)"):
+            fetch_model(name)
+    return name, name
 
 
 def _wait_until_ready(fleet: LocalFleet, urls: list[str], stop: threading.Event) -> None:
@@ -178,12 +191,11 @@ def run_up(args: argparse.Namespace) -> int:
         _check_port_free(port, "a worker's metrics")
     engine = given_settings(args, EngineConfig)
     # A knob out of bounds stops here, not in every worker.
-    model = _model_folder(EngineConfig(**engine).model)
-    engine.pop("model", None)  # the workers get the folder
+    model, served_name = _workers_model(EngineConfig(**engine).model)
+    engine.pop("model", None)  # the workers get the model as resolved here
     if args.workers > 1 and "engine_threads" not in engine:
         # Several workers share this host's cores (all but one from four cores).
         engine["engine_threads"] = threads_per_worker(args.workers)
-    served_name = model.name  # what the API serves and the workers' metrics are labelled
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="genfleet-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

@@ -6,8 +6,10 @@ only the names below and never chooses an implementation itself.
 """
 
 from kernels.dispatch import (
+    dequantize,
     kernel_backend,
     paged_attention,
+    quantized_linear,
     rms_norm,
     rotary_embedding,
     silu_and_mul,
@@ -15,8 +17,10 @@ from kernels.dispatch import (
 )
 
 __all__ = [
+    "dequantize",
     "kernel_backend",
     "paged_attention",
+    "quantized_linear",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",

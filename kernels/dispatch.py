@@ -15,6 +15,7 @@ from types import ModuleType
 import torch
 
 from kernels import reference
+from kernels.quantized_weight import QuantizedWeight
 
 _BACKENDS = ("auto", "torch", "native", "triton")
 log = logging.getLogger(__name__)
@@ -119,3 +120,13 @@ def rotary_embedding(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _impl(x.device).silu_and_mul(x)
+
+
+def quantized_linear(
+    x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return _impl(x.device).quantized_linear(x, weight, bias)
+
+
+def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    return _impl(weight.data.device).dequantize(weight, dtype)

@@ -13,10 +13,11 @@ from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer
 from worker.generation_config import describe as describe_defaults
-from worker.generation_config import sampling_defaults
+from worker.generation_config import generation_config_folder, sampling_defaults
 from worker.kv_sizing import describe
 from worker.model_fetch import resolve_model
 from worker.model_runner import ModelRunner
+from worker.models.gguf import is_gguf_file, load_gguf_tokenizer
 from worker.models.loader import load_config, load_model
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
@@ -29,19 +30,22 @@ Prompt = str | list[int] | dict
 log = logging.getLogger("genfleet.engine")
 
 
-def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
-    """The folder's tokenizer, or None when it ships none (token-id prompts only)."""
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+def load_tokenizer(model: Path) -> PreTrainedTokenizerBase | None:
+    """The model's tokenizer, or None when it ships none (token-id prompts only)."""
+    if is_gguf_file(model):
+        return load_gguf_tokenizer(model)
+    if not any((model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return AutoTokenizer.from_pretrained(model, local_files_only=True)
 
 
-def eos_token_ids(folder: Path, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
+def eos_token_ids(model: Path, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
     """End-of-sequence ids as transformers' generate sees them, plus the tokenizer's."""
+    folder = generation_config_folder(model)
     if (folder / "generation_config.json").is_file():
         generation = GenerationConfig.from_pretrained(folder, local_files_only=True)
     else:
-        generation = GenerationConfig.from_model_config(load_config(folder))
+        generation = GenerationConfig.from_model_config(load_config(model))
     eos = generation.eos_token_id
     ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -53,26 +57,28 @@ class LLMEngine:
     """Continuous batching over a paged KV cache, driven one ``step()`` at a time."""
 
     def __init__(self, config: EngineConfig) -> None:
-        folder = resolve_model(config.model)
-        hf_config = load_config(folder)
-        self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
         config = config.resolved()
+        model_path = resolve_model(config.model, torch.device(config.device).type)
+        hf_config = load_config(model_path)
+        self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
         if not config.enable_chunked_prefill:
             # Without chunking a whole (recomputed) sequence must fit one step.
             tokens = max(config.max_num_batched_tokens, self.max_model_len)
             config = config.model_copy(update={"max_num_batched_tokens": tokens})
         self.config = config
         self.sampling_defaults = sampling_defaults(
-            folder, config.generation_config, config.override_generation_config
+            generation_config_folder(model_path),
+            config.generation_config,
+            config.override_generation_config,
         )
         torch.manual_seed(config.seed)
         if config.engine_threads is not None:
             torch.set_num_threads(config.engine_threads)
         device = torch.device(config.device)
-        model = load_model(folder, config.torch_dtype, device, self.max_model_len)
+        model = load_model(model_path, config.torch_dtype, device, self.max_model_len)
         self.vocab_size = model.config.vocab_size
-        self.tokenizer = load_tokenizer(folder)
-        self.eos_token_ids = eos_token_ids(folder, self.tokenizer)
+        self.tokenizer = load_tokenizer(model_path)
+        self.eos_token_ids = eos_token_ids(model_path, self.tokenizer)
         self.grammars = (
             None
             if self.tokenizer is None
@@ -106,7 +112,7 @@ class LLMEngine:
         if isinstance(prompt, list):
             return list(prompt)
         if self.tokenizer is None:
-            raise ValueError("this model folder has no tokenizer: send prompt_token_ids")
+            raise ValueError("this model has no tokenizer: send prompt_token_ids")
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
     def resolve(self, params: SamplingOptions, prompt_tokens: int) -> SamplingOptions:
@@ -141,9 +147,9 @@ class LLMEngine:
 
     def _validate(self, token_ids: list[int], params: SamplingOptions) -> None:
         if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model folder has none")
+            raise ValueError("stop strings need a tokenizer; this model has none")
         if params.structured_outputs is not None and self.grammars is None:
-            raise ValueError("structured outputs need a tokenizer; this model folder has none")
+            raise ValueError("structured outputs need a tokenizer; this model has none")
         longest = (
             self.max_model_len if params.max_tokens is None else len(token_ids) + params.max_tokens
         )

@@ -22,6 +22,12 @@ FILE_NAME = "generation_config.json"
 NEUTRAL = "vllm"  # vLLM's name for "no model defaults"
 
 
+def generation_config_folder(model: Path) -> Path:
+    """Where a model's generation config lives: its folder, or for a GGUF file (which
+    carries none) the folder the file is in."""
+    return model.parent if model.is_file() else model
+
+
 def read_generation_config(folder: Path) -> dict[str, Any]:
     """What the folder's generation config sets (nothing without one)."""
     if not (folder / FILE_NAME).is_file():

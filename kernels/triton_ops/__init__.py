@@ -4,10 +4,20 @@ What CUDA devices run. On a CPU they run only under Triton's interpreter
 (``TRITON_INTERPRET=1``, set by the tests): that is how they are verified here.
 """
 
+from kernels.reference.quantized import dequantize  # torch ops: they run on any device
 from kernels.triton_ops.activation import silu_and_mul
 from kernels.triton_ops.attention import paged_attention
 from kernels.triton_ops.cache import write_kv_cache
 from kernels.triton_ops.norm import rms_norm
+from kernels.triton_ops.quantized import quantized_linear
 from kernels.triton_ops.rotary import rotary_embedding
 
-__all__ = ["paged_attention", "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache"]
+__all__ = [
+    "dequantize",
+    "paged_attention",
+    "quantized_linear",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "write_kv_cache",
+]

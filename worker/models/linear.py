@@ -6,7 +6,8 @@ weights, and the plain row-major weight is not the fastest way to read them:
   (``kernels.native.linear``): 2.4x oneDNN at one row, about equal at 512;
 - otherwise oneDNN's blocked layout, 1.5x (bf16) to 2x (fp32) ``F.linear``.
 The packed copy is made after the weights are loaded; on other devices, or
-where neither applies, the layer is a plain ``nn.Linear``.
+where neither applies, the layer is a plain ``nn.Linear``. A layer loaded from
+GGUF blocks (``use_quantized``) holds only those and runs ``quantized_linear``.
 """
 
 from collections.abc import Callable
@@ -15,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import kernel_backend
+from kernels import kernel_backend, quantized_linear
+from kernels.quantized_weight import QuantizedWeight
 
 # oneDNN picks its blocking for this batch size; decode batches are about this big.
 PACK_BATCH_HINT = 32
@@ -57,11 +59,20 @@ def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
 
 class Linear(nn.Linear):
     packed: PackedLinear | None = None
+    quantized: QuantizedWeight | None = None
+
+    def use_quantized(self, weight: QuantizedWeight) -> None:
+        """Serve from ``weight``'s blocks; the float weight is dropped."""
+        self.quantized = weight
+        self.register_parameter("weight", None)
 
     def pack(self) -> None:
-        self.packed = pack_for_cpu(self.weight)
+        if self.quantized is None:
+            self.packed = pack_for_cpu(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return quantized_linear(x, self.quantized, self.bias)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return self.packed(x, self.bias)

@@ -9,7 +9,16 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels import paged_attention, rms_norm, rotary_embedding, silu_and_mul, write_kv_cache
+from kernels import (
+    dequantize,
+    paged_attention,
+    quantized_linear,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    write_kv_cache,
+)
+from kernels.quantized_weight import QuantizedWeight
 from worker.models.attention_metadata import AttentionMetadata
 from worker.models.linear import Linear, PackedLinear, pack_for_cpu
 from worker.models.rotary import cos_sin_cache
@@ -31,6 +40,25 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return rms_norm(x, self.weight, self.eps, residual)
+
+
+class Embedding(nn.Embedding):
+    """Token embeddings; from GGUF blocks (``use_quantized``) only the looked-up rows
+    are de-quantized."""
+
+    quantized: QuantizedWeight | None = None
+    compute_dtype = torch.float32
+
+    def use_quantized(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+        self.quantized = weight
+        self.compute_dtype = dtype
+        self.register_parameter("weight", None)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is None:
+            return super().forward(ids)
+        rows = dequantize(self.quantized.rows(ids.reshape(-1)), self.compute_dtype)
+        return rows.view(*ids.shape, self.quantized.in_features)
 
 
 class Attention(nn.Module):
@@ -117,7 +145,7 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -154,27 +182,27 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_cache = torch.empty(0)
-        self.packed_output: PackedLinear | None = None
+        # The tied embedding as an output layer: packed, or over its GGUF blocks.
+        self.tied_output: PackedLinear | None = None
 
     def pack_weights(self) -> None:
         """Re-lay out every projection for the CPU matmul library (no-op elsewhere)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()
-        if self.tie_word_embeddings:
-            self.packed_output = pack_for_cpu(self.output_weight)
+        if not self.tie_word_embeddings:
+            return  # lm_head is a Linear: packed above
+        quantized = self.model.embed_tokens.quantized
+        if quantized is not None:
+            self.tied_output = lambda x, bias: quantized_linear(x, quantized, bias)
         else:
-            self.packed_output = self.lm_head.packed
+            self.tied_output = pack_for_cpu(self.model.embed_tokens.weight)
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin table; separate from __init__ since models are built on meta."""
         self.rope_cache = cos_sin_cache(self.config, head_dim_of(self.config), max_positions).to(
             device
         )
-
-    @property
-    def output_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -183,6 +211,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given hidden states (only the positions that sample)."""
-        if self.packed_output is not None:
-            return self.packed_output(hidden, None).float()
-        return torch.nn.functional.linear(hidden, self.output_weight).float()
+        if not self.tie_word_embeddings:
+            return self.lm_head(hidden).float()
+        if self.tied_output is not None:
+            return self.tied_output(hidden, None).float()
+        return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()

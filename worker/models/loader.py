@@ -1,13 +1,15 @@
-"""Build a model from a Hugging Face folder: config via transformers, weights via safetensors."""
+"""Build a model from a Hugging Face folder (config via transformers, weights via
+safetensors) or from a GGUF file (``worker.models.gguf``)."""
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
 from worker.models.llama import LlamaForCausalLM
 
 # Checkpoint projections that the engine stores fused: name -> (fused name, shard index).
@@ -22,6 +24,9 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def load_config(folder: Path) -> PretrainedConfig:
+    """The model's config; ``folder`` may also be a GGUF file."""
+    if is_gguf_file(folder):
+        return load_gguf_config(folder)
     if not (folder / "config.json").is_file():
         raise ValueError(f"model folder {str(folder)!r} not found or has no config.json")
     return AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -68,29 +73,41 @@ def _target(
     return name, params[name]
 
 
+def _safetensors_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in safetensors_files(folder):
+        with safe_open(path, framework="pt") as checkpoint:
+            for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, checkpoint.get_tensor(name)
+
+
 def load_model(
-    folder: str | Path, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: str | Path, dtype: torch.dtype, device: torch.device, max_positions: int
 ) -> LlamaForCausalLM:
-    folder = Path(folder)
-    config = load_config(folder)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+    """The model of a Hugging Face folder or a GGUF file, ready to run on ``device``."""
+    path = Path(path)
+    tensors: Iterator[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+    if is_gguf_file(path):
+        model, float_tensors = load_gguf_model(path, dtype, device, max_positions)
+        tensors = iter(float_tensors.items())
+    else:
+        config = load_config(path)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        tensors = _safetensors_tensors(path)
     model = model.to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements written per parameter
     with torch.no_grad():
-        for path in safetensors_files(folder):
-            with safe_open(path, framework="pt") as checkpoint:
-                for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    target = _target(model, params, name)
-                    if target is None:
-                        continue
-                    param_name, dest = target
-                    dest.copy_(checkpoint.get_tensor(name))
-                    filled[param_name] += dest.numel()
+        for name, tensor in tensors:
+            target = _target(model, params, name)
+            if target is None:
+                continue
+            param_name, dest = target
+            dest.copy_(tensor)
+            filled[param_name] += dest.numel()
     missing = [name for name, count in filled.items() if count < params[name].numel()]
     if missing:
-        raise ValueError(f"checkpoint in {str(folder)!r} lacks weights: {missing[:5]}")
+        raise ValueError(f"checkpoint in {str(path)!r} lacks weights: {missing[:5]}")
     model.init_rope_cache(max_positions, device)
     model.pack_weights()
     return model.eval()

@@ -1,0 +1,328 @@
+// Linear layers over GGUF-quantized weights (Q4_0, Q4_1, Q8_0), read in their blocks.
+//
+// A GGUF weight row is a run of blocks of 32 weights along the input features:
+//   Q4_0: fp16 scale d,              16 bytes of nibbles   w = d * (q - 8)
+//   Q4_1: fp16 scale d, fp16 min m,  16 bytes of nibbles   w = d * q + m
+//   Q8_0: fp16 scale d,              32 signed bytes       w = d * q
+// (nibble j holds weight j in its low half and weight j + 16 in its high half).
+//
+// Decoding reads every weight once per step, so its cost is the bytes read: the
+// weights stay in their 4.5 to 8.5 bits and are never widened in memory. As
+// llama.cpp does, each row of x is quantized to 8 bits per block of 32 (scale
+// max|x| / 127), so a block's dot product is 32 byte products summed in integers
+// (AVX2 maddubs, or AVX-512 VNNI's dpbusd where present) and scaled once:
+//   sum_j w_j x_j = d_w d_x sum_j q_j p_j  (+ m d_x sum_j p_j for Q4_1; - 8 d_w d_x sum_j p_j for Q4_0)
+// The rounding of x is the only error beyond fp32's: at most max|x_block| / 254
+// per element. Long prefills instead de-quantize the weight (``dequantize``) and
+// run the fast float matmul; the caller picks by row count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "dtypes.h"
+
+namespace {
+
+using genfleet::bf16;
+using genfleet::store;
+using genfleet::to_float;
+
+constexpr int64_t kBlock = 32;
+constexpr int kMaxRows = 4;  // rows of x per pass over a weight row: their accumulators stay in registers
+
+// GGML's type ids, as GGUF files store them.
+constexpr int32_t kQ4_0 = 2;
+constexpr int32_t kQ4_1 = 3;
+constexpr int32_t kQ8_0 = 8;
+
+template <int32_t kType>
+constexpr int64_t kBlockBytes = kType == kQ4_0 ? 18 : kType == kQ4_1 ? 20 : 34;
+
+// One block of a row of x, quantized: x_j ~ d * q_j; ds = d * sum_j q_j.
+struct ActivationBlock {
+  float d;
+  float ds;
+  int8_t q[kBlock];
+};
+
+inline float half_to_float(const uint8_t* bytes) {
+  uint16_t h;
+  std::memcpy(&h, bytes, sizeof h);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while (!(mantissa & 0x400u)) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+template <typename T>
+void quantize_rows(const T* x, int64_t stride, int64_t rows, int64_t k, ActivationBlock* out) {
+  const int64_t blocks = k / kBlock;
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const T* values = x + m * stride + b * kBlock;
+      float amax = 0.f;
+      for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(to_float(values[j])));
+      const float d = amax / 127.f;
+      const float inverse = d > 0.f ? 1.f / d : 0.f;
+      ActivationBlock& block = out[m * blocks + b];
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        block.q[j] = int8_t(std::lrint(to_float(values[j]) * inverse));
+        sum += block.q[j];
+      }
+      block.d = d;
+      block.ds = d * float(sum);
+    }
+}
+
+// What a block adds besides d_w d_x sum_j q_j p_j (the zero point of Q4_0, the min of Q4_1).
+// Per block it is ``offset_scale * ds`` of the x block.
+template <int32_t kType>
+inline float offset_scale(const uint8_t* block, float d) {
+  if constexpr (kType == kQ4_0) return -8.f * d;
+  if constexpr (kType == kQ4_1) return half_to_float(block + 2);
+  return 0.f;
+}
+
+#ifdef __AVX2__
+
+// The block's 32 quantized weights as bytes in element order (Q4: 0..15; Q8_0: signed).
+template <int32_t kType>
+inline __m256i block_weights(const uint8_t* block) {
+  if constexpr (kType == kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+  } else {
+    const uint8_t* nibbles = block + (kType == kQ4_1 ? 4 : 2);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i low = _mm_and_si128(packed, mask);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    return _mm256_set_m128i(high, low);
+  }
+}
+
+// Eight int32 partial sums of unsigned bytes u times signed bytes s.
+inline __m256i dot_bytes(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  // Pairs of 4-bit * 8-bit, or |8-bit| * 8-bit, products never saturate int16.
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_hadd_ps(sum, sum);
+  sum = _mm_hadd_ps(sum, sum);
+  return _mm_cvtss_f32(sum);
+}
+
+// sums[m] = row . x[m] for kRows rows of x.
+template <int32_t kType, int kRows>
+void dot_rows(const uint8_t* row, const ActivationBlock* x, int64_t blocks, float* sums) {
+  __m256 acc[kRows];
+  float offsets[kRows] = {};
+  for (int m = 0; m < kRows; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kBlockBytes<kType>;
+    const float d = half_to_float(block);
+    const float offset = offset_scale<kType>(block, d);
+    __m256i weights = block_weights<kType>(block);
+    const __m256i signs = weights;
+    if constexpr (kType == kQ8_0) weights = _mm256_sign_epi8(weights, weights);  // |q|
+    for (int m = 0; m < kRows; ++m) {
+      const ActivationBlock& xb = x[m * blocks + b];
+      __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+      if constexpr (kType == kQ8_0) p = _mm256_sign_epi8(p, signs);  // q p = |q| (sign(q) p)
+      const __m256 products = _mm256_cvtepi32_ps(dot_bytes(weights, p));
+      acc[m] = _mm256_fmadd_ps(products, _mm256_set1_ps(d * xb.d), acc[m]);
+      if constexpr (kType != kQ8_0) offsets[m] += offset * xb.ds;
+    }
+  }
+  for (int m = 0; m < kRows; ++m) sums[m] = horizontal_sum(acc[m]) + offsets[m];
+}
+
+#else
+
+template <int32_t kType>
+inline int32_t block_weight(const uint8_t* block, int64_t j) {
+  if constexpr (kType == kQ8_0) return int8_t(block[2 + j]);
+  const uint8_t* nibbles = block + (kType == kQ4_1 ? 4 : 2);
+  return j < 16 ? nibbles[j] & 0x0f : nibbles[j - 16] >> 4;
+}
+
+template <int32_t kType, int kRows>
+void dot_rows(const uint8_t* row, const ActivationBlock* x, int64_t blocks, float* sums) {
+  for (int m = 0; m < kRows; ++m) sums[m] = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kBlockBytes<kType>;
+    const float d = half_to_float(block);
+    const float offset = offset_scale<kType>(block, d);
+    for (int m = 0; m < kRows; ++m) {
+      const ActivationBlock& xb = x[m * blocks + b];
+      int32_t products = 0;
+      for (int64_t j = 0; j < kBlock; ++j) products += block_weight<kType>(block, j) * xb.q[j];
+      sums[m] += d * xb.d * float(products) + offset * xb.ds;
+    }
+  }
+}
+
+#endif
+
+template <int32_t kType>
+using DotRows = void (*)(const uint8_t*, const ActivationBlock*, int64_t, float*);
+
+template <int32_t kType>
+constexpr DotRows<kType> kDotRows[kMaxRows + 1] = {nullptr, dot_rows<kType, 1>, dot_rows<kType, 2>,
+                                                   dot_rows<kType, 3>, dot_rows<kType, 4>};
+
+template <int32_t kType, typename T>
+void linear(const T* x, int64_t x_stride, int64_t rows, const uint8_t* weight, const T* bias,
+            int64_t n, int64_t k, T* y) {
+  const int64_t blocks = k / kBlock;
+  std::vector<ActivationBlock> quantized(size_t(rows * blocks));
+  quantize_rows(x, x_stride, rows, k, quantized.data());
+  const int64_t row_bytes = blocks * kBlockBytes<kType>;
+  // Output features are split across threads: each streams its share of the weight once.
+#pragma omp parallel for schedule(static)
+  for (int64_t out = 0; out < n; ++out) {
+    const uint8_t* row = weight + out * row_bytes;
+    const float b = bias ? to_float(bias[out]) : 0.f;
+    float sums[kMaxRows];
+    for (int64_t first = 0; first < rows; first += kMaxRows) {
+      const int64_t count = std::min<int64_t>(kMaxRows, rows - first);
+      kDotRows<kType>[count](row, quantized.data() + first * blocks, blocks, sums);
+      for (int64_t m = 0; m < count; ++m) store(sums[m] + b, y + (first + m) * n + out);
+    }
+  }
+}
+
+#ifdef __AVX2__
+
+inline void store8(__m256 values, float* out) { _mm256_storeu_ps(out, values); }
+
+inline void store8(__m256 values, bf16* out) {
+  // Round to nearest even, as genfleet::store does (weights are finite: no NaN case).
+  const __m256i bits = _mm256_castps_si256(values);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded),
+                                          _mm256_extracti128_si256(rounded, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+}
+
+// The 32 weights of one block, as the reference computes them: d * (q - zero) (+ min).
+template <int32_t kType, typename T>
+inline void dequantize_block(const uint8_t* block, T* values) {
+  const __m256 d = _mm256_set1_ps(half_to_float(block));
+  const __m256 low = _mm256_set1_ps(kType == kQ4_1 ? half_to_float(block + 2) : 0.f);
+  const __m256i zero = _mm256_set1_epi32(kType == kQ4_0 ? 8 : 0);
+  alignas(32) uint8_t bytes[kBlock];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), block_weights<kType>(block));
+  for (int64_t j = 0; j < kBlock; j += 8) {
+    const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + j));
+    const __m256i q = kType == kQ8_0 ? _mm256_cvtepi8_epi32(eight) : _mm256_cvtepu8_epi32(eight);
+    __m256 value = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, zero)));
+    if constexpr (kType == kQ4_1) value = _mm256_add_ps(value, low);
+    store8(value, values + j);
+  }
+}
+
+#else
+
+template <int32_t kType, typename T>
+inline void dequantize_block(const uint8_t* block, T* values) {
+  const float d = half_to_float(block);
+  const float low = kType == kQ4_1 ? half_to_float(block + 2) : 0.f;
+  const int32_t zero = kType == kQ4_0 ? 8 : 0;
+  for (int64_t j = 0; j < kBlock; ++j)
+    store(d * float(block_weight<kType>(block, j) - zero) + low, values + j);
+}
+
+#endif
+
+template <int32_t kType, typename T>
+void dequantize(const uint8_t* weight, int64_t n, int64_t k, T* out) {
+  const int64_t blocks = k / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; ++row)
+    for (int64_t b = 0; b < blocks; ++b)
+      dequantize_block<kType>(weight + (row * blocks + b) * kBlockBytes<kType>,
+                              out + row * k + b * kBlock);
+}
+
+template <typename T>
+void linear_any(int32_t type, const T* x, int64_t x_stride, int64_t rows, const uint8_t* weight,
+                const T* bias, int64_t n, int64_t k, T* y) {
+  if (type == kQ4_0) linear<kQ4_0>(x, x_stride, rows, weight, bias, n, k, y);
+  if (type == kQ4_1) linear<kQ4_1>(x, x_stride, rows, weight, bias, n, k, y);
+  if (type == kQ8_0) linear<kQ8_0>(x, x_stride, rows, weight, bias, n, k, y);
+}
+
+template <typename T>
+void dequantize_any(int32_t type, const uint8_t* weight, int64_t n, int64_t k, T* out) {
+  if (type == kQ4_0) dequantize<kQ4_0>(weight, n, k, out);
+  if (type == kQ4_1) dequantize<kQ4_1>(weight, n, k, out);
+  if (type == kQ8_0) dequantize<kQ8_0>(weight, n, k, out);
+}
+
+}  // namespace
+
+// Bytes of one block of 32 weights of a GGML type; 0 for a type this library does not take.
+extern "C" int64_t quantized_block_bytes(int32_t type) {
+  if (type == kQ4_0) return kBlockBytes<kQ4_0>;
+  if (type == kQ4_1) return kBlockBytes<kQ4_1>;
+  if (type == kQ8_0) return kBlockBytes<kQ8_0>;
+  return 0;
+}
+
+extern "C" void quantized_linear_float32(int32_t type, const float* x, int64_t x_stride,
+                                         int64_t rows, const uint8_t* weight, const float* bias,
+                                         int64_t n, int64_t k, float* y) {
+  linear_any(type, x, x_stride, rows, weight, bias, n, k, y);
+}
+
+extern "C" void quantized_linear_bfloat16(int32_t type, const bf16* x, int64_t x_stride,
+                                          int64_t rows, const uint8_t* weight, const bf16* bias,
+                                          int64_t n, int64_t k, bf16* y) {
+  linear_any(type, x, x_stride, rows, weight, bias, n, k, y);
+}
+
+extern "C" void dequantize_float32(int32_t type, const uint8_t* weight, int64_t n, int64_t k,
+                                   float* out) {
+  dequantize_any(type, weight, n, k, out);
+}
+
+extern "C" void dequantize_bfloat16(int32_t type, const uint8_t* weight, int64_t n, int64_t k,
+                                    bf16* out) {
+  dequantize_any(type, weight, n, k, out);
+}

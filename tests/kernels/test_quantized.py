@@ -1,0 +1,115 @@
+"""Linear layers over GGUF blocks (Q4_0, Q4_1, Q8_0): the torch reference against the
+``gguf`` package's own de-quantization, the native and Triton kernels against the
+reference (``quantized_cases`` states the native bound; Triton, which de-quantizes
+in registers, is within fp32 summation error)."""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from kernels import dispatch
+from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
+from kernels.reference import quantized as reference
+from tests.kernels.quantized_cases import (
+    SHAPES,
+    activation_bound,
+    check_native_against_reference,
+    quantized,
+)
+
+native_only = pytest.mark.skipif(
+    not dispatch._native_builds(), reason="no C++ compiler builds the native kernels here"
+)
+
+
+@pytest.mark.parametrize("ggml_type", LINEAR_TYPES, ids=lambda t: t.name)
+def test_reference_dequantizes_as_the_gguf_package(ggml_type: GGMLQuantizationType) -> None:
+    weight = quantized(ggml_type, 37, 96)
+    expected = quants.dequantize(weight.data.numpy(), ggml_type)
+    np.testing.assert_array_equal(reference.dequantize(weight, torch.float32).numpy(), expected)
+
+
+def test_a_weight_that_does_not_fit_its_blocks_is_refused() -> None:
+    data = torch.zeros(4, 20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="cannot hold"):
+        QuantizedWeight(GGMLQuantizationType.Q4_1, data, 4, 64)
+    with pytest.raises(ValueError, match="no kernel for Q6_K"):
+        QuantizedWeight(GGMLQuantizationType.Q6_K, data, 4, 256)
+
+
+@native_only
+def test_native_kernel_is_within_the_activation_rounding_bound() -> None:
+    check_native_against_reference()
+
+
+def test_the_bound_is_tight_enough_to_catch_a_wrong_kernel() -> None:
+    """Reading the nibbles in the wrong order (weight j + 16 for weight j) moves most
+    outputs by more than the bound allows."""
+    weight = quantized(GGMLQuantizationType.Q4_0, 64, 128)
+    x = torch.randn(2, 128)
+    blocks = weight.data.view(64, -1, 18).clone()
+    nibbles = blocks[..., 2:]
+    blocks[..., 2:] = (nibbles << 4) | (nibbles >> 4)
+    swapped = QuantizedWeight(weight.ggml_type, blocks.view(64, -1), 64, 128)
+    right = reference.quantized_linear(x, weight, None)
+    error = (reference.quantized_linear(x, swapped, None) - right).abs()
+    assert (error > activation_bound(x, weight)).float().mean() > 0.5
+
+
+@native_only
+def test_many_rows_take_the_matmul_path_at_fp32_precision() -> None:
+    from kernels.native import quantized as native
+
+    weight = quantized(GGMLQuantizationType.Q4_1, 70, 96)
+    x = torch.randn(native.MATMUL_ROWS + 3, 96)
+    torch.testing.assert_close(
+        native.quantized_linear(x, weight, None), reference.quantized_linear(x, weight, None)
+    )
+
+
+@native_only
+def test_leading_dims_are_kept() -> None:
+    from kernels.native import quantized as native
+
+    weight = quantized(GGMLQuantizationType.Q8_0, 40, 64)
+    assert native.quantized_linear(torch.randn(2, 3, 64), weight, None).shape == (2, 3, 40)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 feature levels")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"], ids=["avx2", "scalar"])
+def test_builds_without_avx512_and_without_avx2_are_within_the_bound(tmp_path, march) -> None:
+    """The AVX2 path (a host without AVX-512) and the plain C++ one (no AVX2 or F16C)."""
+    env = {**os.environ, "GENFLEET_CACHE_DIR": str(tmp_path), "GENFLEET_NATIVE_MARCH": march}
+    script = "from tests.kernels.quantized_cases import check_native_against_reference as c; c()"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("ggml_type", LINEAR_TYPES, ids=lambda t: t.name)
+def test_triton_kernel_matches_the_reference(ggml_type: GGMLQuantizationType) -> None:
+    pytest.importorskip("triton")
+    from kernels.triton_ops.quantized import quantized_linear
+
+    device = torch.device("cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
+    for out_features, in_features, rows in SHAPES[:5]:
+        weight = quantized(ggml_type, out_features, in_features)
+        on_device = QuantizedWeight(ggml_type, weight.data.to(device), out_features, in_features)
+        x, bias = torch.randn(rows, in_features), torch.randn(out_features)
+        actual = quantized_linear(x.to(device), on_device, bias.to(device)).cpu()
+        torch.testing.assert_close(
+            actual, reference.quantized_linear(x, weight, bias), atol=1e-4, rtol=1e-4
+        )
