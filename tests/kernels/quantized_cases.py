@@ -49,5 +49,13 @@ def check_native_against_reference() -> None:
                 slack = 1e-5 * dense + (expected.abs() / 128 if dtype == torch.bfloat16 else 0)
                 excess = (actual - expected).abs() - activation_bound(x, weight) - slack
                 assert excess.max() <= 1e-6, (ggml_type.name, rows, dtype, excess.max().item())
+                if ggml_type in native.PACKED_TYPES:
+                    packed = native.PackedQ4Weight(weight)
+                    actual = native.packed_q4_linear(x, packed, bias.to(dtype)).float()
+                    excess = (actual - expected).abs() - activation_bound(x, weight) - slack
+                    assert excess.max() <= 1e-6, ("packed", ggml_type.name, rows, dtype)
+                    rows_out = torch.empty(out_features * in_features, dtype=dtype)
+                    whole = packed.dequantize_rows(0, out_features, rows_out)
+                    assert torch.equal(whole, reference.dequantize(weight, dtype))
                 dequantized = native.dequantize(weight, dtype)
                 assert torch.equal(dequantized, reference.dequantize(weight, dtype))

@@ -4,9 +4,11 @@ The config and tokenizer come from the file as transformers reads them (vLLM
 takes a ``.gguf`` path the same way), or, for a file inside a model folder (as
 ``genfleet model fetch`` leaves the default model), from that folder's
 ``config.json`` and tokenizer files: vLLM's ``--hf-config-path`` and
-``--tokenizer`` pointed there, and seconds faster than parsing them again. Every projection whose tensors are in a
-format the kernels take (``kernels.quantized_weight.LINEAR_TYPES``) keeps its
-blocks, fused as the engine fuses q/k/v and gate/up when their formats agree;
+``--tokenizer`` pointed there, and seconds faster than parsing them again.
+
+Every projection whose tensors are in a format the kernels take
+(``kernels.quantized_weight.LINEAR_TYPES``) keeps its blocks, fused as the
+engine fuses q/k/v and gate/up when their formats agree;
 the token embedding too (rows de-quantized as they are looked up, and the
 output layer of a tied model). Everything else (norms, other formats) is
 de-quantized with the ``gguf`` package into the engine's dtype.
