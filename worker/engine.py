@@ -17,6 +17,7 @@ from worker.generation_config import generation_config_folder, sampling_defaults
 from worker.kv_sizing import describe
 from worker.model_fetch import resolve_model
 from worker.model_runner import ModelRunner
+from worker.models.footprint import weight_footprint
 from worker.models.gguf import is_gguf_file, load_gguf_tokenizer
 from worker.models.loader import load_config, load_model
 from worker.output_processor import append_token, text_ready
@@ -88,6 +89,8 @@ class LLMEngine:
         self.mask_seconds = 0.0
         self.masked_steps = 0
         self.runner = ModelRunner(config, model, self.max_model_len)
+        self.weights = weight_footprint(model)
+        log.info("%s (%s)", self.weights.describe(), model_path.name)
         log.info(describe(self.runner.num_blocks, config.block_size, self.max_model_len))
         log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
         log.info(describe_defaults(self.sampling_defaults))

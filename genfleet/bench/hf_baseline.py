@@ -27,8 +27,15 @@ class _FirstStepClock(LogitsProcessor):
         return scores
 
 
-def load_hf_model(folder: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+def load_hf_model(model: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """transformers' model of a folder, or of a GGUF file (de-quantized: the same weights)."""
+    if model.is_file():
+        source = AutoModelForCausalLM.from_pretrained(
+            model.parent, gguf_file=model.name, dtype=dtype
+        )
+    else:
+        source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    return source.to(device).eval()
 
 
 def _generate(model: torch.nn.Module, batch: list[BenchRequest], pad_id: int) -> float:

@@ -77,5 +77,11 @@ def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="the burst workload with every other request constrained by a JSON Schema, "
         "against it unconstrained: throughput ratio and grammar-mask cost per step",
     )
+    parser.add_argument(
+        "--weights",
+        action="store_true",
+        help="a packaged model's GGUF blocks against its fp32 and bf16 safetensors: weight "
+        "bytes, batch-1 decode, burst throughput, greedy agreement",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")

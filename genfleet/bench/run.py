@@ -99,6 +99,10 @@ def run_benchmark(args: argparse.Namespace) -> int:
         flags = worker_flags(_worker_settings(args, folder))
         window = args.batch_max_in_flight
         return run_batch_mix(folder, flags, args.model, tokenizer, args.seed, window, console)
+    if args.weights:
+        from genfleet.bench.weights import run_weights
+
+        return run_weights(args.model, tokenizer, args.seed, console)
     if args.fleet:
         return _fleet_benchmark(args, workloads, folder, tokenizer, console)
     if args.structured:

@@ -15,7 +15,7 @@ import httpx
 from openai import OpenAI
 
 from genfleet.local_services import free_port
-from tests.integration.metrics import sample
+from tests.integration.metrics import sample, total
 
 READY_LINE = "Ctrl-C stops the fleet"
 
@@ -125,6 +125,8 @@ def _defaults_apply_and_the_job_is_counted(api: str, worker: str, model: str) ->
         == reply.usage.completion_tokens
     )
     assert sample(worker, "genfleet:e2e_request_latency_seconds_count") - e2e_before == 1
+    # The tiny chat model: float parameters (bf16 or fp32 by the CPU), a few MiB.
+    assert 1 << 20 < total(worker, "genfleet:model_weight_bytes") < 64 << 20
     assert sample(api, "genfleet:api_jobs_submitted_total", route=route) - jobs_before == 1
     given = client.chat.completions.create(
         model=model, messages=messages, max_tokens=3, temperature=0.5, seed=1

@@ -74,10 +74,13 @@ def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
 class Linear(nn.Linear):
     packed: PackedLinear | None = None
     quantized: QuantizedWeight | None = None
+    # How the weight is held when not as a parameter: GGML format name and bytes.
+    stored_as: tuple[str, int] | None = None
 
     def use_quantized(self, weight: QuantizedWeight) -> None:
         """Serve from ``weight``'s blocks; the float weight is dropped."""
         self.quantized = weight
+        self.stored_as = (weight.ggml_type.name, weight.nbytes)
         self.register_parameter("weight", None)
 
     def pack(self) -> None:

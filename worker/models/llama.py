@@ -47,10 +47,12 @@ class Embedding(nn.Embedding):
     are de-quantized."""
 
     quantized: QuantizedWeight | None = None
+    stored_as: tuple[str, int] | None = None  # as Linear.stored_as
     compute_dtype = torch.float32
 
     def use_quantized(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
         self.quantized = weight
+        self.stored_as = (weight.ggml_type.name, weight.nbytes)
         self.compute_dtype = dtype
         self.register_parameter("weight", None)
 

@@ -152,6 +152,7 @@ class WorkerService:
         )
         model_name = Path(self.settings.model).name
         self.metrics = WorkerMetrics(self.registry, model_name, ready.max_model_len)
+        self.metrics.describe_engine(ready)
         try:
             await self._serve()
         finally:

@@ -97,7 +97,17 @@ class EngineCore:
             self.inbox.put(Stop())
 
     def serve(self) -> None:
-        self.send(Ready(self.load(), self.engine.max_model_len))
+        engine = self.engine
+        self.send(
+            Ready(
+                self.load(),
+                engine.max_model_len,
+                engine.config.block_size,
+                engine.config.dtype,  # the KV cache is held in the model's dtype
+                engine.weights.formats,
+                engine.weights.bytes,
+            )
+        )
         while True:
             # Every command that has arrived; wait for one only when there is nothing to run.
             commands = [] if self.engine.has_unfinished_requests() else [self.inbox.get()]

@@ -56,6 +56,10 @@ class Ready:
 
     load: EngineLoad
     max_model_len: int
+    block_size: int
+    kv_cache_dtype: str
+    weight_formats: str
+    weight_bytes: int
 
 
 @dataclass

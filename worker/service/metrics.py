@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from queue_schemas import JobResult, JobStatus
 from worker.outputs import RequestDelta
-from worker.service.engine_protocol import EngineCounters, StepOutput
+from worker.service.engine_protocol import EngineCounters, Ready, StepOutput
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (
@@ -89,6 +89,21 @@ class WorkerMetrics:
             "Count of processed requests, by finish reason",
             ["model_name", "finished_reason"],
         )
+
+    def describe_engine(self, ready: Ready) -> None:
+        """The loaded model's weights and KV cache, as info gauges (vLLM's
+        ``cache_config_info``; the weights' formats and bytes are genfleet's)."""
+        weights = self._gauge(
+            "model_weight_bytes", "Bytes the weights take", [*MODEL, "weight_formats"]
+        )
+        weights.labels(self.model_name, ready.weight_formats).set(ready.weight_bytes)
+        cache = self._gauge(
+            "cache_config_info",
+            "Information of the KV cache",
+            [*MODEL, "block_size", "num_gpu_blocks", "cache_dtype"],
+        )
+        labels = (ready.block_size, ready.load.total_blocks, ready.kv_cache_dtype)
+        cache.labels(self.model_name, *map(str, labels)).set(1)
 
     def _add_requests(self, tokens: list[int]) -> None:
         """vLLM's per-request and per-step histograms."""

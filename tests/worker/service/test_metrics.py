@@ -94,3 +94,17 @@ def test_an_abort_before_its_first_step_counts_no_phases() -> None:
 def test_token_buckets_go_1_2_5_up_to_the_context() -> None:
     assert token_buckets(2048) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
     assert token_buckets(1) == [1]
+
+
+def test_the_loaded_model_is_described_by_info_gauges() -> None:
+    from worker.service.engine_protocol import Ready
+
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry, "tiny", max_model_len=2048)
+    load = EngineLoad(free_blocks=30, total_blocks=40, waiting=0)
+    metrics.describe_engine(Ready(load, 2048, 16, "bfloat16", "Q4_1+Q8_0+bfloat16", 123456))
+
+    formats = {"weight_formats": "Q4_1+Q8_0+bfloat16"}
+    assert _value(registry, "model_weight_bytes", **formats) == 123456
+    cache = {"block_size": "16", "num_gpu_blocks": "40", "cache_dtype": "bfloat16"}
+    assert _value(registry, "cache_config_info", **cache) == 1

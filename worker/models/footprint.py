@@ -1,0 +1,28 @@
+"""What a loaded model's weights take: their formats and bytes (logs and metrics)."""
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class WeightFootprint:
+    formats: str  # "Q4_1+Q8_0+float32": quantized formats, then the float dtype
+    bytes: int
+
+    def describe(self) -> str:
+        return f"weights: {self.formats}, {self.bytes / 2**20:.1f} MiB"
+
+
+def weight_footprint(model: nn.Module) -> WeightFootprint:
+    formats: set[str] = set()
+    total = 0
+    for module in model.modules():
+        stored = getattr(module, "stored_as", None)
+        if stored is not None:
+            formats.add(stored[0])
+            total += stored[1]
+    floats = {p.dtype for p in model.parameters()}
+    total += sum(p.numel() * p.element_size() for p in model.parameters())
+    names = sorted(formats) + sorted(str(dtype).removeprefix("torch.") for dtype in floats)
+    return WeightFootprint("+".join(names), total)
