@@ -84,7 +84,11 @@ class _Checkpoint:
 
     def __init__(self, reader: GGUFReader, config: PretrainedConfig) -> None:
         architecture = str(reader.fields["general.architecture"].contents())
-        arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == architecture)
+        arch = next((a for a, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
+        if arch is None:
+            raise ValueError(
+                f"GGUF architecture {architecture!r} is not one the gguf package knows"
+            )
         self.names = get_tensor_name_map(arch, config.num_hidden_layers)
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
         self.permutes = architecture in PERMUTING_ARCHITECTURES
@@ -105,20 +109,20 @@ class _Checkpoint:
         """``module``'s weight (fused from its parts) in blocks, if all parts allow it."""
         *parent, leaf = module.split(".")
         parts = [".".join([*parent, p]) for p in FUSED_PARTS.get(leaf, (leaf,))]
-        tensors = [self.tensor(part, "weight") for part in parts]
-        kinds = {None if t is None else t.tensor_type for t in tensors}
-        if len(kinds) != 1 or kinds.pop() not in LINEAR_TYPES:
+        found = [self.tensor(part, "weight") for part in parts]
+        tensors = [tensor for tensor in found if tensor is not None]
+        kinds = {tensor.tensor_type for tensor in tensors}
+        if len(tensors) != len(parts) or len(kinds) != 1 or kinds.pop() not in LINEAR_TYPES:
             return None
         blocks = []
         for part, tensor in zip(parts, tensors, strict=True):
-            assert tensor is not None
             data = torch.from_numpy(np.array(tensor.data))
             order = self._row_order(part, data.shape[0])
             blocks.append(data if order is None else data[order])
             self.used.add(tensor.name)
         data = torch.cat(blocks)
-        ggml_type = GGMLQuantizationType(tensors[0].tensor_type)  # type: ignore[union-attr]
-        return QuantizedWeight(ggml_type, data, data.shape[0], int(tensors[0].shape[0]))  # type: ignore[union-attr]
+        ggml_type = GGMLQuantizationType(tensors[0].tensor_type)
+        return QuantizedWeight(ggml_type, data, data.shape[0], int(tensors[0].shape[0]))
 
     def float_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor not kept in blocks, de-quantized, by its Hugging Face name."""
@@ -157,9 +161,9 @@ def load_gguf_model(
     """The model with its quantized projections in place, and the float tensors that
     remain to be copied in (by the caller, as from a safetensors checkpoint)."""
     config = load_gguf_config(path)
-    checkpoint = _Checkpoint(read_gguf(path), config)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config)  # an unsupported architecture stops here
+    checkpoint = _Checkpoint(read_gguf(path), config)
     for name, module in model.named_modules():
         if isinstance(module, Linear):
             weight = checkpoint.quantized(name)
