@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from worker.model_fetch import DEFAULT_MODEL
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
 
@@ -44,6 +45,16 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step")
     block_size: int = Field(16, ge=1, description="KV cache block size")
+    kv_cache_dtype: KvCacheDtype = Field(
+        "auto",
+        description="auto (the model's dtype), fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2: one byte "
+        "per element, twice the blocks of a 16-bit cache at one budget, less precise",
+    )
+    calculate_kv_scales: bool = Field(
+        False,
+        description="fp8 KV cache: per-layer K and V scales from the first prefill "
+        "(max |x| / 200, as vLLM computes them) instead of 1.0",
+    )
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks, fixed")
     kv_cache_memory_gib: float = Field(1.0, gt=0, description="CPU: KV cache budget (GiB)")
     gpu_memory_utilization: float = Field(
@@ -120,3 +131,10 @@ class EngineConfig(BaseModel):
         from worker.device import DTYPES  # torch
 
         return DTYPES[self.dtype]
+
+    @property
+    def cache_torch_dtype(self) -> Any:
+        """The KV cache's element type."""
+        from worker.device import KV_CACHE_DTYPES  # torch
+
+        return KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.torch_dtype)

@@ -21,7 +21,7 @@ log = logging.getLogger("genfleet.engine")
 def kv_bytes_per_block(model: LlamaForCausalLM, config: EngineConfig) -> int:
     hf = model.config
     per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim_of(hf)
-    return per_token * config.block_size * config.torch_dtype.itemsize
+    return per_token * config.block_size * config.cache_torch_dtype.itemsize
 
 
 def max_step_seqs(config: EngineConfig, max_model_len: int) -> int:
@@ -71,6 +71,10 @@ class ModelRunner:
                 self.graphs.sizes,
                 time.perf_counter() - started,
             )
+        if config.calculate_kv_scales and self.kv_cache.element_size() == 1:
+            # After profiling and capture: the first real forward is a prefill.
+            for attention in self.model.model.attentions():
+                attention.calculate_scales = True
 
     def _plan_blocks(self) -> int:
         config, per_block = self.config, kv_bytes_per_block(self.model, self.config)
@@ -124,11 +128,15 @@ class ModelRunner:
             hf.num_key_value_heads,
             head_dim_of(hf),
         )
-        self.kv_cache = torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.config.cache_torch_dtype, device=self.device)
         self.buffers.scratch_block = self.num_blocks
+        fp8 = self.kv_cache.element_size() == 1
         for i, attention in enumerate(self.model.model.attentions()):
             attention.key_cache = self.kv_cache[0, i]
             attention.value_cache = self.kv_cache[1, i]
+            if fp8:
+                attention.k_scale = torch.ones((), device=self.device)
+                attention.v_scale = torch.ones((), device=self.device)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> torch.Tensor:

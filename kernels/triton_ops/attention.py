@@ -58,6 +58,7 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    WIDEN_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     program = tl.program_id(0)
@@ -109,6 +110,8 @@ def _paged_attention_kernel(
         k = tl.load(k_ptrs, mask=kv_valid[None, :] & dim_valid[:, None], other=0.0)  # [D, N]
         if DOT_FP32:
             k = k.to(tl.float32)
+        elif WIDEN_KV:  # an fp8 cache: its values in the query's dtype for the dot
+            k = k.to(q.dtype)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION).to(tl.float32) * scale  # [M, N]
         visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_valid[None, :] & row_valid[:, None]
         scores = tl.where(visible, scores, float("-inf"))
@@ -129,6 +132,8 @@ def _paged_attention_kernel(
         v = tl.load(v_ptrs, mask=kv_valid[:, None] & dim_valid[None, :], other=0.0)  # [N, D]
         if DOT_FP32:
             v = v.to(tl.float32)
+        elif WIDEN_KV:
+            v = v.to(q.dtype)
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv.to(tl.float32)
         m_i = m_new
@@ -191,6 +196,7 @@ def paged_attention(
         # Triton's interpreter gets 16-bit float arithmetic wrong; on GPUs the
         # dots stay in the cache dtype (tensor cores) with fp32 accumulation.
         DOT_FP32=query.device.type == "cpu",
+        WIDEN_KV=key_cache.dtype != query.dtype,
         # fp32 in, fp32 products: a GPU would otherwise round the inputs to TF32.
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )  # fmt: skip

@@ -46,6 +46,9 @@ def write_kv_cache(
     num_tokens, num_kv_heads, head_size = key.shape
     if num_tokens == 0:
         return
+    if key_cache.dtype != key.dtype:
+        # An fp8 cache: rounded as torch rounds (e4m3fn saturates), then copied as bytes.
+        key, value = key.to(key_cache.dtype), value.to(value_cache.dtype)
     assert key_cache.stride() == value_cache.stride(), "K and V caches must share a layout"
     _write_kv_cache_kernel[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping,

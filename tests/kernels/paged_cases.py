@@ -38,23 +38,26 @@ def make_case(
     block_size: int,
     dtype: torch.dtype,
     seed: int = 0,
+    cache_dtype: torch.dtype | None = None,
 ) -> PagedCase:
-    """shapes: (new tokens, total context) per sequence; blocks are scattered at random."""
+    """shapes: (new tokens, total context) per sequence; blocks are scattered at random.
+    The cache holds ``cache_dtype`` (default ``dtype``; fp8 for an fp8 cache)."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-ctx // block_size) for _, ctx in shapes]
     num_blocks = sum(blocks_per_seq) + 3
     order = torch.randperm(num_blocks, generator=gen).tolist()
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.randn(cache_shape, generator=gen).to(dtype)
-    value_cache = torch.randn(cache_shape, generator=gen).to(dtype)
+    key_cache = torch.randn(cache_shape, generator=gen).to(cache_dtype or dtype)
+    value_cache = torch.randn(cache_shape, generator=gen).to(cache_dtype or dtype)
     width = max(blocks_per_seq)
     tables, keys, values = [], [], []
     for n in blocks_per_seq:
         ids, order = order[:n], order[n:]
         tables.append(ids + [0] * (width - n))
     for (_, ctx), ids in zip(shapes, tables, strict=True):
-        keys.append(key_cache[ids].flatten(0, 1)[:ctx])
-        values.append(value_cache[ids].flatten(0, 1)[:ctx])
+        # Gathered in fp32 (exact for every cache dtype; torch cannot index fp8 on CPU).
+        keys.append(key_cache.float()[ids].flatten(0, 1)[:ctx])
+        values.append(value_cache.float()[ids].flatten(0, 1)[:ctx])
     q_lens = torch.tensor([q for q, _ in shapes])
     query_start_loc = torch.zeros(len(shapes) + 1, dtype=torch.int64)
     torch.cumsum(q_lens, 0, out=query_start_loc[1:])

@@ -80,6 +80,11 @@ class Attention(nn.Module):
         # Views into the runner's cache tensors, set once the cache is allocated.
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
+        # An fp8 cache holds k / k_scale and v / v_scale (0-d tensors, so that CUDA graphs
+        # replay with the values calculate_scales sets on the first prefill).
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        self.calculate_scales = False
 
     def forward(
         self,
@@ -93,6 +98,8 @@ class Attention(nn.Module):
         rotary_embedding(positions, q, k, rope_cache, self.head_dim, True)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.k_scale is not None and self.v_scale is not None:
+            q, k, v = self._scaled(q, k, v, self.k_scale, self.v_scale)
         write_kv_cache(k, v, self.key_cache, self.value_cache, meta.slot_mapping)
         out = paged_attention(
             q.view(num_tokens, self.num_heads, self.head_dim),
@@ -103,7 +110,21 @@ class Attention(nn.Module):
             meta.query_start_loc,
             self.scale,
         )
+        if self.v_scale is not None:
+            out = out * self.v_scale
         return self.o_proj(out.view(num_tokens, self.q_size))
+
+    def _scaled(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """What an fp8 cache stores (k / k_scale, v / v_scale), and q times k_scale, so
+        that q . k comes out of the cache unchanged (v_scale is applied to the output)."""
+        if self.calculate_scales:  # vLLM's: max |x| over the first prefill / 200 (K), 100 (V)
+            k_scale.copy_((k.abs().amax() / 200).clamp(min=1e-8))
+            v_scale.copy_((v.abs().amax() / 100).clamp(min=1e-8))
+            self.calculate_scales = False
+        return q * k_scale, k / k_scale, v / v_scale
 
 
 class MLP(nn.Module):
