@@ -5,11 +5,16 @@ import ctypes
 import torch
 
 from kernels.native.build import NativeOp
-from kernels.native.tensors import native_dtype, row_stride
+from kernels.native.tensors import FP8_FORMATS, native_dtype, row_stride
 from kernels.reference import paged_attention as reference_paged_attention
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_paged_attention = NativeOp("paged_attention", _P, _I, *[_P] * 5, *[_I] * 6, ctypes.c_float, _P)
+_ARGS = (_P, _I, *[_P] * 5, *[_I] * 6, ctypes.c_float, _P)
+# By the cache's element type: the query's own, or an fp8 format.
+_paged_attention = NativeOp("paged_attention", *_ARGS)
+_FP8_PAGED_ATTENTION = {
+    dtype: NativeOp(f"paged_attention_{name}", *_ARGS) for dtype, name in FP8_FORMATS.items()
+}
 
 
 def paged_attention(
@@ -22,9 +27,11 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Same contract as ``kernels.reference.paged_attention``; query rows may be strided."""
-    dtype = native_dtype(query, key_cache, value_cache)
+    op = _FP8_PAGED_ATTENTION.get(key_cache.dtype, _paged_attention)
+    cache = () if op is not _paged_attention else (key_cache, value_cache)
+    dtype = native_dtype(query, *cache)
     query_stride = row_stride(query)
-    if dtype is None or query_stride is None:
+    if dtype is None or query_stride is None or value_cache.dtype != key_cache.dtype:
         return reference_paged_attention(
             query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
         )
@@ -35,7 +42,7 @@ def paged_attention(
     num_tokens, num_heads, head_size = query.shape
     out = torch.empty((num_tokens, num_heads, head_size), dtype=dtype)
     _, block_size, num_kv_heads, _ = key_cache.shape
-    _paged_attention(
+    op(
         dtype,
         query.data_ptr(),
         query_stride,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "dtypes.h"
 
@@ -88,16 +89,26 @@ void silu_and_mul(const T* x, int64_t rows, int64_t d, T* out) {
 }
 
 // Copies each token's K and V row (kv_heads * head_size contiguous elements) to
-// its cache slot; a slot of -1 is padding and is skipped.
-template <typename T>
+// its cache slot, rounded to the cache's element type C when it is an fp8 one; a
+// slot of -1 is padding and is skipped.
+template <typename T, typename C>
+void copy_row(const T* from, int64_t row, C* to) {
+  if constexpr (std::is_same_v<T, C>) {
+    std::memcpy(to, from, size_t(row) * sizeof(T));
+  } else {
+    for (int64_t i = 0; i < row; ++i) store(to_float(from[i]), to + i);
+  }
+}
+
+template <typename T, typename C>
 void write_kv_cache(const T* key, int64_t key_stride, const T* value, int64_t value_stride,
-                    T* key_cache, T* value_cache, const int64_t* slot_mapping, int64_t num_tokens,
+                    C* key_cache, C* value_cache, const int64_t* slot_mapping, int64_t num_tokens,
                     int64_t row) {
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
-    std::memcpy(key_cache + slot * row, key + t * key_stride, size_t(row) * sizeof(T));
-    std::memcpy(value_cache + slot * row, value + t * value_stride, size_t(row) * sizeof(T));
+    copy_row(key + t * key_stride, row, key_cache + slot * row);
+    copy_row(value + t * value_stride, row, value_cache + slot * row);
   }
 }
 
@@ -132,3 +143,17 @@ void write_kv_cache(const T* key, int64_t key_stride, const T* value, int64_t va
 
 GENFLEET_LAYER_OPS(float, float32)
 GENFLEET_LAYER_OPS(bf16, bfloat16)
+
+// Into an fp8 cache: write_kv_cache_<format>_<element type of K and V>.
+#define GENFLEET_WRITE_FP8(T, SUFFIX, C, FORMAT)                                                \
+  extern "C" void write_kv_cache_##FORMAT##_##SUFFIX(                                            \
+      const T* key, int64_t key_stride, const T* value, int64_t value_stride, C* key_cache,      \
+      C* value_cache, const int64_t* slot_mapping, int64_t num_tokens, int64_t row) {            \
+    write_kv_cache(key, key_stride, value, value_stride, key_cache, value_cache, slot_mapping,  \
+                   num_tokens, row);                                                            \
+  }
+
+GENFLEET_WRITE_FP8(float, float32, genfleet::fp8_e4m3, e4m3)
+GENFLEET_WRITE_FP8(bf16, bfloat16, genfleet::fp8_e4m3, e4m3)
+GENFLEET_WRITE_FP8(float, float32, genfleet::fp8_e5m2, e5m2)
+GENFLEET_WRITE_FP8(bf16, bfloat16, genfleet::fp8_e5m2, e5m2)

@@ -8,7 +8,7 @@ import torch
 
 from kernels import reference
 from kernels.native.build import NativeOp
-from kernels.native.tensors import native_dtype, row_stride
+from kernels.native.tensors import FP8_FORMATS, native_dtype, row_stride
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _rms_norm = NativeOp("rms_norm", _P, _I, _P, _I, _P, _I, _I, _F, _P, _P)
@@ -16,7 +16,11 @@ _rotary_embedding = NativeOp(
     "rotary_embedding", _P, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, ctypes.c_int32
 )
 _silu_and_mul = NativeOp("silu_and_mul", _P, _I, _I, _P)
-_write_kv_cache = NativeOp("write_kv_cache", _P, _I, _P, _I, _P, _P, _P, _I, _I)
+_WRITE_ARGS = (_P, _I, _P, _I, _P, _P, _P, _I, _I)
+_write_kv_cache = NativeOp("write_kv_cache", *_WRITE_ARGS)
+_FP8_WRITE_KV_CACHE = {
+    dtype: NativeOp(f"write_kv_cache_{name}", *_WRITE_ARGS) for dtype, name in FP8_FORMATS.items()
+}
 
 
 def rms_norm(
@@ -120,10 +124,13 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    dtype = native_dtype(key, value, key_cache, value_cache)
+    op = _FP8_WRITE_KV_CACHE.get(key_cache.dtype, _write_kv_cache)
+    cache = () if op is not _write_kv_cache else (key_cache, value_cache)
+    dtype = native_dtype(key, value, *cache)
     key_stride, value_stride = row_stride(key), row_stride(value)
     if (
         dtype is None
+        or value_cache.dtype != key_cache.dtype
         or key_stride is None
         or value_stride is None
         # Rows that do not match the cache's: the reference raises, the kernel would overrun.
@@ -137,7 +144,7 @@ def write_kv_cache(
         return
     slot_mapping = slot_mapping.to(torch.int64).contiguous()
     num_tokens = key.shape[0]
-    _write_kv_cache(
+    op(
         dtype,
         key.data_ptr(),
         key_stride,

@@ -41,12 +41,13 @@ struct Tile {
   int64_t seq, kv_head, first_token, end_token;  // tokens index the flattened query
 };
 
-template <typename T>
+// T: the query's and output's element type; C: the cache's (T, or an fp8 format).
+template <typename T, typename C>
 struct Step {
   const T* query;  // [num_tokens, num_heads, head_size], rows query_stride apart
   int64_t query_stride;
-  const T* key_cache;  // [num_blocks, block_size, num_kv_heads, head_size]
-  const T* value_cache;
+  const C* key_cache;  // [num_blocks, block_size, num_kv_heads, head_size]
+  const C* value_cache;
   const int32_t* block_tables;  // [num_seqs, table_width]
   const int64_t* seq_lens;  // [num_seqs], this step's tokens included
   const int64_t* query_start_loc;  // [num_seqs + 1]
@@ -60,14 +61,14 @@ struct Step {
 // and lie row_stride apart.
 constexpr int64_t kRun = 16;
 
-template <typename T, typename Visit>
-void for_each_run(const Step<T>& step, const T* cache, const Tile& tile, int64_t num_keys,
+template <typename T, typename C, typename Visit>
+void for_each_run(const Step<T, C>& step, const C* cache, const Tile& tile, int64_t num_keys,
                   Visit visit) {
   const Layout& l = step.layout;
   const int64_t row_stride = l.num_kv_heads * l.head_size;
   const int32_t* table = step.block_tables + tile.seq * l.table_width;
   for (int64_t first = 0, b = 0; first < num_keys; first += l.block_size, ++b) {
-    const T* block = cache + int64_t(table[b]) * l.block_size * row_stride + tile.kv_head * l.head_size;
+    const C* block = cache + int64_t(table[b]) * l.block_size * row_stride + tile.kv_head * l.head_size;
     const int64_t rows = std::min(l.block_size, num_keys - first);
     for (int64_t r = 0; r < rows; r += kRun)
       visit(first + r, block + r * row_stride, std::min(kRun, rows - r));
@@ -106,10 +107,10 @@ struct RowMath<kDim, false> {
       : dim(kDim ? kDim : head_size), row_stride(stride), acc(size_t(kQueries * dim)) {}
 
   // out[j] = scale * q . row j, for `count` rows.
-  template <typename T>
-  void scores(const T* q, const T* rows, int64_t count, float scale, float* out) const {
+  template <typename T, typename C>
+  void scores(const T* q, const C* rows, int64_t count, float scale, float* out) const {
     for (int64_t j = 0; j < count; ++j) {
-      const T* row = rows + j * row_stride;
+      const C* row = rows + j * row_stride;
       float sum = 0.f;
       for (int64_t d = 0; d < dim; ++d) sum += to_float(q[d]) * to_float(row[d]);
       out[j] = sum * scale;
@@ -117,8 +118,8 @@ struct RowMath<kDim, false> {
   }
   void clear() { std::fill(acc.begin(), acc.end(), 0.f); }
   // acc[i] += weights[i * weight_stride + j] * row j, for queries i < n and `count` rows.
-  template <typename T>
-  void add(const float* weights, int64_t weight_stride, int64_t n, const T* rows, int64_t count) {
+  template <typename C>
+  void add(const float* weights, int64_t weight_stride, int64_t n, const C* rows, int64_t count) {
     for (int64_t j = 0; j < count; ++j)
       for (int64_t i = 0; i < n; ++i)
         for (int64_t d = 0; d < dim; ++d)
@@ -137,6 +138,16 @@ inline __m512 load16(const bf16* p) {
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
+
+// fp8: the 16 bytes index the format's table of 256 values.
+template <typename Format>
+inline __m512 load16_fp8(const void* p) {
+  const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  return _mm512_i32gather_ps(codes, Format::kTable.values, 4);
+}
+
+inline __m512 load16(const genfleet::fp8_e4m3* p) { return load16_fp8<genfleet::E4m3>(p); }
+inline __m512 load16(const genfleet::fp8_e5m2* p) { return load16_fp8<genfleet::E5m2>(p); }
 
 // Lane j of the result is the sum of the lanes of p[j]: a transposing add tree,
 // 45 instructions for 16 sums instead of 16 horizontal reductions.
@@ -166,10 +177,10 @@ struct RowMath<kDim, true> {
   RowMath(int64_t, int64_t stride) : row_stride(stride) {}
 
   // Per-row partial sums of q . row j, 16 lanes each.
-  template <typename T>
-  __m512 partial(const T* q, const T* row) const {
+  template <typename T, typename C>
+  __m512 partial(const T* q, const C* row) const {
 #ifdef __AVX512BF16__
-    if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (std::is_same_v<T, bf16> && std::is_same_v<C, bf16>) {
       // bf16 pairs straight into the dot-product instruction: products are exact
       // in fp32 and accumulate in fp32.
       __m512 sum = _mm512_setzero_ps();
@@ -184,8 +195,8 @@ struct RowMath<kDim, true> {
     return sum;
   }
 
-  template <typename T>
-  void scores(const T* q, const T* rows, int64_t count, float scale, float* out) const {
+  template <typename T, typename C>
+  void scores(const T* q, const C* rows, int64_t count, float scale, float* out) const {
     __m512 parts[kRun];
 #pragma GCC unroll 16
     for (int j = 0; j < kRun; ++j)
@@ -199,8 +210,8 @@ struct RowMath<kDim, true> {
   }
   // Each value row is loaded once for up to kQueries queries, whose sums stay in
   // registers and form independent chains of multiply-adds.
-  template <typename T>
-  void add(const float* weights, int64_t weight_stride, int64_t n, const T* rows, int64_t count) {
+  template <typename C>
+  void add(const float* weights, int64_t weight_stride, int64_t n, const C* rows, int64_t count) {
     for (int64_t j = 0; j < count; ++j) {
       __m512 row[kLanes];
       for (int l = 0; l < kLanes; ++l) row[l] = load16(rows + j * row_stride + 16 * l);
@@ -222,8 +233,8 @@ struct RowMath<kDim, true> {
 };
 #endif
 
-template <typename T, int64_t kDim>
-void attend(const Step<T>& step, const Tile& tile, std::vector<float>& scratch) {
+template <typename T, typename C, int64_t kDim>
+void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratch) {
   const Layout& l = step.layout;
   const int64_t dim = l.head_size;
   const int64_t group = l.num_heads / l.num_kv_heads;
@@ -249,7 +260,7 @@ void attend(const Step<T>& step, const Tile& tile, std::vector<float>& scratch) 
   const int64_t row_stride = l.num_kv_heads * dim;
   RowMath<kDim> math(dim, row_stride);
 
-  for_each_run(step, step.key_cache, tile, num_keys, [&](int64_t first_key, const T* rows, int64_t count) {
+  for_each_run(step, step.key_cache, tile, num_keys, [&](int64_t first_key, const C* rows, int64_t count) {
     // The same rows of V are read after the softmax: asked for now, they are in cache
     // by then (20% off a decode step's attention here).
     prefetch_rows(step.value_cache + (rows - step.key_cache), count, row_stride, dim);
@@ -278,15 +289,15 @@ void attend(const Step<T>& step, const Tile& tile, std::vector<float>& scratch) 
     const int64_t n = std::min<int64_t>(math.kQueries, queries - first);
     const int64_t keys = first_pos + (first + n - 1) / group + 1;  // seen by the last of them
     math.clear();
-    for_each_run(step, step.value_cache, tile, keys, [&](int64_t first_key, const T* rows, int64_t count) {
+    for_each_run(step, step.value_cache, tile, keys, [&](int64_t first_key, const C* rows, int64_t count) {
       math.add(scores + first * num_keys + first_key, num_keys, n, rows, count);
     });
     for (int64_t i = 0; i < n; ++i) math.store_scaled(i, inv_sums[first + i], out_row(first + i));
   }
 }
 
-template <typename T>
-void run(const Step<T>& step, int64_t num_seqs) {
+template <typename T, typename C>
+void run(const Step<T, C>& step, int64_t num_seqs) {
   std::vector<Tile> tiles;
   for (int64_t seq = 0; seq < num_seqs; ++seq) {
     const int64_t begin = step.query_start_loc[seq], end = step.query_start_loc[seq + 1];
@@ -297,7 +308,7 @@ void run(const Step<T>& step, int64_t num_seqs) {
   const int64_t num_tiles = int64_t(tiles.size());
   // Common head sizes get the vector path.
   const int64_t dim = step.layout.head_size;
-  auto attend_tile = dim == 64 ? attend<T, 64> : dim == 128 ? attend<T, 128> : attend<T, 0>;
+  auto attend_tile = dim == 64 ? attend<T, C, 64> : dim == 128 ? attend<T, C, 128> : attend<T, C, 0>;
 #pragma omp parallel
   {
     std::vector<float> scratch;
@@ -308,17 +319,23 @@ void run(const Step<T>& step, int64_t num_seqs) {
 
 }  // namespace
 
-#define GENFLEET_PAGED_ATTENTION(T, SUFFIX)                                                    \
-  extern "C" void paged_attention_##SUFFIX(                                                     \
-      const T* query, int64_t query_stride, const T* key_cache, const T* value_cache,           \
+// paged_attention_<element type>, and paged_attention_<fp8 format>_<element type>
+// for an fp8 cache.
+#define GENFLEET_PAGED_ATTENTION(T, C, NAME)                                                   \
+  extern "C" void NAME(                                                                         \
+      const T* query, int64_t query_stride, const C* key_cache, const C* value_cache,           \
       const int32_t* block_tables, const int64_t* seq_lens, const int64_t* query_start_loc,     \
       int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,             \
       int64_t block_size, int64_t table_width, float scale, T* out) {                           \
     const Layout layout{num_heads, num_kv_heads, head_size, block_size, table_width, scale};    \
-    const Step<T> step{query,    query_stride,    key_cache, value_cache, block_tables,         \
-                       seq_lens, query_start_loc, out,       layout};                           \
+    const Step<T, C> step{query,    query_stride,    key_cache, value_cache, block_tables,      \
+                          seq_lens, query_start_loc, out,       layout};                        \
     run(step, num_seqs);                                                                        \
   }
 
-GENFLEET_PAGED_ATTENTION(float, float32)
-GENFLEET_PAGED_ATTENTION(bf16, bfloat16)
+GENFLEET_PAGED_ATTENTION(float, float, paged_attention_float32)
+GENFLEET_PAGED_ATTENTION(bf16, bf16, paged_attention_bfloat16)
+GENFLEET_PAGED_ATTENTION(float, genfleet::fp8_e4m3, paged_attention_e4m3_float32)
+GENFLEET_PAGED_ATTENTION(bf16, genfleet::fp8_e4m3, paged_attention_e4m3_bfloat16)
+GENFLEET_PAGED_ATTENTION(float, genfleet::fp8_e5m2, paged_attention_e5m2_float32)
+GENFLEET_PAGED_ATTENTION(bf16, genfleet::fp8_e5m2, paged_attention_e5m2_bfloat16)

@@ -8,6 +8,9 @@ import torch
 
 from kernels.native.build import DTYPE_SUFFIXES
 
+# The fp8 KV-cache formats the library reads and writes, by their entry points' names.
+FP8_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+
 
 def native_dtype(*tensors: torch.Tensor) -> torch.dtype | None:
     """The tensors' common dtype if the library has entry points for it, else None."""

@@ -41,6 +41,20 @@ IMPLEMENTATIONS = _implementations()
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True)
+def _native_never_falls_back(monkeypatch, request) -> None:
+    """The native implementation must run its own fp8 code, not the torch reference."""
+    if "native" not in request.node.name:
+        return
+    from kernels.native import attention, layer_ops
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the native op fell back to the torch reference")
+
+    monkeypatch.setattr(attention, "reference_paged_attention", refuse)
+    monkeypatch.setattr(layer_ops.reference, "write_kv_cache", refuse)
+
+
 def _device(ops) -> torch.device:
     return torch.device("cuda" if ON_GPU and ops.__name__.endswith("triton_ops") else "cpu")
 
