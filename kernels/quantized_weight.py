@@ -38,6 +38,11 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return self.data.numel()
 
+    def to(self, device: torch.device) -> "QuantizedWeight":
+        return QuantizedWeight(
+            self.ggml_type, self.data.to(device), self.out_features, self.in_features
+        )
+
     def rows(self, index: torch.Tensor) -> "QuantizedWeight":
         """The weight rows at ``index`` (an embedding lookup, or a reordering)."""
         data = self.data.index_select(0, index)

@@ -83,5 +83,11 @@ def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="a packaged model's GGUF blocks against its fp32 and bf16 safetensors: weight "
         "bytes, batch-1 decode, burst throughput, greedy agreement",
     )
+    parser.add_argument(
+        "--kv-cache",
+        action="store_true",
+        help="the KV cache in the model's dtype against fp8 (e4m3, e5m2): blocks at one "
+        "budget, the largest batch without preemption, decode and burst speed, agreement",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")

@@ -103,6 +103,10 @@ def run_benchmark(args: argparse.Namespace) -> int:
         from genfleet.bench.weights import run_weights
 
         return run_weights(args.model, tokenizer, args.seed, console)
+    if args.kv_cache:
+        from genfleet.bench.kv_cache import run_kv_cache
+
+        return run_kv_cache(args.model, tokenizer, args.seed, console)
     if args.fleet:
         return _fleet_benchmark(args, workloads, folder, tokenizer, console)
     if args.structured:

@@ -46,7 +46,7 @@ def _forms(name: str) -> dict[str, tuple[Path, str]]:
     }
 
 
-def _decode_tokens_per_s(engine: LLMEngine, prompt: list[int]) -> float:
+def decode_tokens_per_s(engine: LLMEngine, prompt: list[int]) -> float:
     params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
     engine.add_request("decode", prompt, params)
     first = None
@@ -57,7 +57,7 @@ def _decode_tokens_per_s(engine: LLMEngine, prompt: list[int]) -> float:
     return (DECODE_TOKENS - 1) / (time.perf_counter() - first)
 
 
-def _greedy(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+def greedy_replies(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=AGREEMENT_TOKENS, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"agree-{i}", prompt, params)
@@ -68,7 +68,7 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
     return [replies[f"agree-{i}"] for i in range(len(prompts))]
 
 
-def _agreement(replies: list[list[int]], reference: list[list[int]]) -> float:
+def agreement(replies: list[list[int]], reference: list[list[int]]) -> float:
     shares = []
     for reply, expected in zip(replies, reference, strict=True):
         pairs = enumerate(zip(reply, expected, strict=True))
@@ -97,13 +97,13 @@ def run_weights(name: str, tokenizer: PreTrainedTokenizerBase, seed: int, consol
         order = list(engines) if round_ % 2 == 0 else list(reversed(engines))
         for label in order:
             console.print(f"[dim]decode round {round_ + 1}: {label}[/dim]")
-            decode[label].append(_decode_tokens_per_s(engines[label], prompt))
+            decode[label].append(decode_tokens_per_s(engines[label], prompt))
     burst = make_workload("burst", tokenizer, seed)
     throughput = {}
     for label in reversed(engines):
         console.print(f"[dim]burst: {label}[/dim]")
         throughput[label] = run_engine(engines[label], burst, label).output_tokens_per_s
-    replies = {label: _greedy(engine, chats) for label, engine in engines.items()}
+    replies = {label: greedy_replies(engine, chats) for label, engine in engines.items()}
     table = Table(title=f"{name}: weight forms (batch-1 decode: median of {ROUNDS})")
     for column in ("form", "weights", "MiB", "decode tok/s", "burst tok/s", "greedy agreement"):
         table.add_column(column, justify="left" if column in ("form", "weights") else "right")
@@ -114,7 +114,7 @@ def run_weights(name: str, tokenizer: PreTrainedTokenizerBase, seed: int, consol
             f"{engine.weights.bytes / 2**20:.1f}",
             f"{statistics.median(decode[label]):.1f}",
             f"{throughput[label]:.1f}",
-            f"{100 * _agreement(replies[label], replies['safetensors fp32']):.0f}%",
+            f"{100 * agreement(replies[label], replies['safetensors fp32']):.0f}%",
         )
     console.print(table)
     base = statistics.median(decode["safetensors fp32"])

@@ -32,6 +32,7 @@ from gguf import (
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
+from worker.models.fused import checkpoint_parts
 from worker.models.linear import Linear
 from worker.models.llama import Embedding, LlamaForCausalLM
 
@@ -107,8 +108,7 @@ class _Checkpoint:
 
     def quantized(self, module: str) -> QuantizedWeight | None:
         """``module``'s weight (fused from its parts) in blocks, if all parts allow it."""
-        *parent, leaf = module.split(".")
-        parts = [".".join([*parent, p]) for p in FUSED_PARTS.get(leaf, (leaf,))]
+        parts = checkpoint_parts(module)
         found = [self.tensor(part, "weight") for part in parts]
         tensors = [tensor for tensor in found if tensor is not None]
         kinds = {tensor.tensor_type for tensor in tensors}
@@ -168,16 +168,10 @@ def load_gguf_model(
         if isinstance(module, Linear):
             weight = checkpoint.quantized(name)
             if weight is not None:
-                module.use_quantized(_to(weight, device))
+                module.use_quantized(weight.to(device))
         elif isinstance(module, Embedding):
             weight = checkpoint.quantized(name)
             if weight is not None:
-                module.use_quantized(_to(weight, device), dtype)
+                module.use_quantized(weight.to(device), dtype)
     log.info("GGUF %s: %s", path.name, checkpoint.formats())
     return model, checkpoint.float_tensors()
-
-
-def _to(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
-    return QuantizedWeight(
-        weight.ggml_type, weight.data.to(device), weight.out_features, weight.in_features
-    )

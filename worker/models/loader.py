@@ -2,6 +2,7 @@
 safetensors) or from a GGUF file (``worker.models.gguf``)."""
 
 import json
+import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -9,17 +10,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from worker.models.fused import FUSED_SHARDS
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
+from worker.models.int4 import int4_scheme, use_int4
 from worker.models.llama import LlamaForCausalLM
 
-# Checkpoint projections that the engine stores fused: name -> (fused name, shard index).
-FUSED_SHARDS = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+log = logging.getLogger("genfleet.engine")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -91,9 +87,13 @@ def load_model(
         tensors = iter(float_tensors.items())
     else:
         config = load_config(path)
+        scheme = int4_scheme(config)  # a GPTQ / AWQ checkpoint, or None
         with torch.device("meta"):
             model = LlamaForCausalLM(config)
         tensors = _safetensors_tensors(path)
+        if scheme is not None:
+            tensors = use_int4(model, scheme, tensors, device)
+            log.info("%s: projections as Q4_1 blocks", scheme.name)
     model = model.to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements written per parameter
