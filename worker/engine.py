@@ -91,7 +91,11 @@ class LLMEngine:
         self.runner = ModelRunner(config, model, self.max_model_len)
         self.weights = weight_footprint(model)
         log.info("%s (%s)", self.weights.describe(), model_path.name)
-        log.info(describe(self.runner.num_blocks, config.block_size, self.max_model_len))
+        log.info(
+            "%s, in %s",
+            describe(self.runner.num_blocks, config.block_size, self.max_model_len),
+            str(self.runner.kv_cache.dtype).removeprefix("torch."),
+        )
         log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
         log.info(describe_defaults(self.sampling_defaults))
         self.block_manager = BlockManager(

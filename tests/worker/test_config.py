@@ -89,3 +89,17 @@ def test_an_override_of_the_generation_config_is_json() -> None:
     assert config.override_generation_config == {"max_new_tokens": 12}
     with pytest.raises(ValueError, match="not JSON"):
         EngineConfig(override_generation_config="{temperature: 1}")
+
+
+@pytest.mark.parametrize(
+    ("name", "element"),
+    [("fp8", torch.float8_e4m3fn), ("fp8_e4m3", torch.float8_e4m3fn),
+     ("fp8_e5m2", torch.float8_e5m2), ("auto", torch.bfloat16)],
+)  # fmt: skip
+def test_kv_cache_dtypes_take_vllms_names(name: str, element: torch.dtype) -> None:
+    assert EngineConfig(kv_cache_dtype=name, dtype="bfloat16").cache_torch_dtype == element
+
+
+def test_a_bad_kv_cache_dtype_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="fp8_e5m2"):
+        EngineConfig(kv_cache_dtype="int8")

@@ -103,7 +103,7 @@ class EngineCore:
                 self.load(),
                 engine.max_model_len,
                 engine.config.block_size,
-                engine.config.dtype,  # the KV cache is held in the model's dtype
+                str(engine.runner.kv_cache.dtype).removeprefix("torch."),
                 engine.weights.formats,
                 engine.weights.bytes,
             )
