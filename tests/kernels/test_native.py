@@ -191,6 +191,7 @@ import torch
 from kernels import native
 from kernels.native.linear import bf16_linear_available
 from tests.kernels.paged_cases import dense_attention, make_case
+from tests.kernels.quantized_cases import check_native_against_reference
 
 assert not bf16_linear_available()
 for dtype in (torch.float32, torch.bfloat16):
@@ -199,6 +200,7 @@ for dtype in (torch.float32, torch.bfloat16):
         error = (native.paged_attention(*case.kernel_tensors(), case.scale).float()
                  - dense_attention(case).float()).abs().max().item()
         assert error < (1e-4 if dtype == torch.float32 else 2e-2), (dtype, cache, error)
+check_native_against_reference()  # the quantized linear kernels' AVX2 path
 print("ok")
 """
 

@@ -99,10 +99,10 @@ def test_leading_dims_are_kept() -> None:
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 feature levels")
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"], ids=["avx2", "scalar"])
-def test_builds_without_avx512_and_without_avx2_are_within_the_bound(tmp_path, march) -> None:
-    """The AVX2 path (a host without AVX-512) and the plain C++ one (no AVX2 or F16C)."""
-    env = {**os.environ, "GENFLEET_CACHE_DIR": str(tmp_path), "GENFLEET_NATIVE_MARCH": march}
+def test_a_build_without_avx2_is_within_the_bound(tmp_path) -> None:
+    """The plain C++ path (no AVX2, no F16C). The AVX2 build is checked with the other
+    kernels' (tests/kernels/test_native.py)."""
+    env = {**os.environ, "GENFLEET_CACHE_DIR": str(tmp_path), "GENFLEET_NATIVE_MARCH": "x86-64"}
     script = "from tests.kernels.quantized_cases import check_native_against_reference as c; c()"
     result = subprocess.run(
         [sys.executable, "-c", script],

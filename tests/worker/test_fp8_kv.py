@@ -22,7 +22,12 @@ MAX_TOKENS = 16
 # logits spread with a standard deviation of 1.2; a token picked at random falls about
 # 4 short of the best, so a kernel reading the cache wrong cannot stay inside these.
 FP8_LOGIT_GAP = {"fp8": 0.6, "fp8_e5m2": 1.2}
-FORMATS = [("fp8", False), ("fp8_e5m2", False), ("fp8", True)]
+# e4m3 through every scheduling scenario; e5m2 and calculated scales on two.
+CASES = [
+    *[("fp8", False, scenario) for scenario in SCENARIOS],
+    *[(cache, scales, s) for cache, scales in [("fp8_e5m2", False), ("fp8", True)]
+      for s in ("default", "chunked")],
+]  # fmt: skip
 
 
 def _gaps(model: torch.nn.Module, prompts: list[list[int]], replies: list[list[int]]) -> float:
@@ -47,10 +52,9 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_a_bf16_one(tiny_models, kind) ->
     assert fp8.runner.kv_cache.nbytes <= bf16.runner.kv_cache.nbytes
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize(("kv_cache_dtype", "scales"), FORMATS)
+@pytest.mark.parametrize(("kv_cache_dtype", "scales", "scenario"), CASES)
 def test_fp8_greedy_picks_what_exact_attention_ranks_near_best(
-    tiny_models, scenario, kv_cache_dtype, scales
+    tiny_models, kv_cache_dtype, scales, scenario
 ) -> None:
     folder, hf_model = tiny_models["llama-untied"]
     prompts = _prompts(seed=7, shared_prefix=40 if scenario == "prefix-cache" else 0)
