@@ -7,7 +7,7 @@ Sections, each written to the report as soon as it is done (``$OUT/gpu_check.md`
 when ``OUT`` is set, else ``gpu_check.md``), a failing one recorded and passed:
 
 1. tests on the GPU (``TRITON_INTERPRET=0``): the Triton kernels against the
-   references, the tiny models' greedy parity against transformers (the engine
+   references (the quantized linear layer and the fp8 KV cache among them), the tiny models' greedy parity against transformers (the engine
    on CUDA, eager and with graphs), CUDA graphs against eager, step buffers;
 2. greedy parity on the SmolLM2-135M architecture (its config and tokenizer,
    seeded random weights: the 93 MB model package cannot travel to the GPU
@@ -52,6 +52,8 @@ import torch  # noqa: E402  (after TRITON_INTERPRET: triton reads it on import)
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
 TESTS = [
     "tests/kernels/test_triton.py",
+    "tests/kernels/test_quantized.py::test_triton_kernel_matches_the_reference",
+    "tests/kernels/test_fp8_cache.py",
     "tests/kernels/test_reference.py",
     "tests/worker/test_cuda_graphs.py",
     "tests/worker/test_step_buffers.py",

@@ -3,7 +3,9 @@
 # machine lacks goes into .gpu_check/ (ignored by git, carried by the run):
 # pydantic's and jsonschema's wheels (the wire schemas the engine imports, and
 # their check of a structured-output JSON Schema), pydantic-settings' (the bench's
-# flags are made from the engine's settings), and SmolLM2's config
+# flags are made from the engine's settings), gguf's and pyyaml's (quantized weights'
+# formats),
+# and SmolLM2's config
 # and tokenizer files (its weights are too large to travel; the check builds
 # random weights of its architecture).
 set -euo pipefail
@@ -19,7 +21,8 @@ for spec in "pydantic==$($PY -c 'import pydantic; print(pydantic.VERSION)')" \
             "pydantic-settings==$($PY -c 'import importlib.metadata as m; print(m.version("pydantic-settings"))')" \
             python-dotenv \
             "jsonschema==$($PY -c 'import importlib.metadata as m; print(m.version("jsonschema"))')" \
-            jsonschema-specifications referencing rpds-py; do
+            jsonschema-specifications referencing rpds-py \
+            "gguf==$($PY -c 'import importlib.metadata as m; print(m.version("gguf"))')" pyyaml; do
   $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .gpu_check/whl "$spec"
