@@ -4,8 +4,8 @@
 # pydantic's and jsonschema's wheels (the wire schemas the engine imports, and
 # their check of a structured-output JSON Schema), pydantic-settings' (the bench's
 # flags are made from the engine's settings), gguf's and pyyaml's (quantized
-# weights' formats), and SmolLM2's config and tokenizer files (its weights are too large to travel; the check builds
-# random weights of its architecture).
+# weights' formats), and SmolLM2's config and tokenizer files (its weights are
+# too large to travel; the check builds random weights of its architecture).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
