@@ -7,7 +7,8 @@ Sections, each written to the report as soon as it is done (``$OUT/gpu_check.md`
 when ``OUT`` is set, else ``gpu_check.md``), a failing one recorded and passed:
 
 1. tests on the GPU (``TRITON_INTERPRET=0``): the Triton kernels against the
-   references (the quantized linear layer and the fp8 KV cache among them), the tiny models' greedy parity against transformers (the engine
+   references (the quantized linear layer and the fp8 KV cache among them), the
+   tiny models' greedy parity against transformers (the engine
    on CUDA, eager and with graphs), CUDA graphs against eager, step buffers;
 2. greedy parity on the SmolLM2-135M architecture (its config and tokenizer,
    seeded random weights: the 93 MB model package cannot travel to the GPU

@@ -3,6 +3,7 @@
 // Every kernel loads elements to fp32, computes in fp32 and rounds once on store.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -69,26 +70,30 @@ struct Fp8Format {
   };
   static constexpr Table kTable{};
 
-  // Round to nearest even; e4m3fn saturates at +-448, e5m2 overflows to infinity (as torch).
+  // Round to nearest even; e4m3fn saturates at +-448, e5m2 overflows to infinity (as
+  // torch). Selects, not branches, so that loops of stores vectorise.
   static uint8_t encode(float x) {
     uint32_t bits;
     std::memcpy(&bits, &x, sizeof bits);
-    const uint8_t sign = uint8_t((bits >> 24) & 0x80u);
+    const uint32_t sign = (bits >> 24) & 0x80u;
     const uint32_t magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return sign | 0x7f;  // NaN
     float size;
     std::memcpy(&size, &magnitude, sizeof size);
-    if (size < power_of_two(1 - kBias)) {  // subnormal (or zero); may round up to the smallest normal
-      return sign | uint8_t(__builtin_nearbyintf(size * power_of_two(kBias - 1 + kMantissa)));
-    }
+    constexpr float kSmallestNormal = power_of_two(1 - kBias);
+    // Below the smallest normal: a multiple of the subnormal step (rounding may reach
+    // the smallest normal's code, which is the next integer: still right).
+    const float steps = std::fmin(size, kSmallestNormal) * power_of_two(kBias - 1 + kMantissa);
+    const uint32_t subnormal = uint32_t(__builtin_nearbyintf(steps));
     constexpr int kShift = 23 - kMantissa;
     const uint32_t rounded = magnitude + ((1u << (kShift - 1)) - 1) + ((magnitude >> kShift) & 1u);
-    const int32_t exponent = int32_t(rounded >> 23) - 127 + kBias;
-    const uint32_t mantissa = (rounded >> kShift) & ((1u << kMantissa) - 1);
-    const uint32_t largest = kMantissa == 3 ? 0x7e : 0x7b;
-    const uint32_t code = exponent > kExponentMask ? 0xff : (uint32_t(exponent) << kMantissa) | mantissa;
-    if (code > largest) return sign | uint8_t(kMantissa == 3 ? largest : 0x7c);
-    return sign | uint8_t(code);
+    const uint32_t exponent = (rounded >> 23) - 127u + uint32_t(kBias);  // wraps below normals
+    const uint32_t code = (exponent << kMantissa) | ((rounded >> kShift) & ((1u << kMantissa) - 1));
+    constexpr uint32_t kLargest = kMantissa == 3 ? 0x7e : 0x7b;
+    constexpr uint32_t kOverflow = kMantissa == 3 ? 0x7e : 0x7c;  // saturate / infinity
+    uint32_t result = code > kLargest ? kOverflow : code;
+    result = size < kSmallestNormal ? subnormal : result;
+    result = magnitude > 0x7f800000u ? 0x7fu : result;  // NaN
+    return uint8_t(sign | result);
   }
 };
 

@@ -94,3 +94,18 @@ def test_attention_reads_an_fp8_cache_exactly(ops, fp8, dtype) -> None:
     actual = ops.paged_attention(*tensors, case.scale).float().cpu()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(actual, dense_attention(case).float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not dispatch._native_builds(), reason="no C++ compiler here")
+@pytest.mark.parametrize("fp8", FP8.values(), ids=FP8.keys())
+def test_native_rounding_is_torchs_bit_for_bit(fp8) -> None:
+    """A million values from far below the formats' subnormals to far past their range."""
+    from kernels import native
+
+    gen = torch.Generator().manual_seed(1)
+    scales = (1e-5, 1e-3, 1e-1, 1.0, 30.0, 300.0, 1e4, 1e6)
+    values = torch.cat([torch.randn(131072, generator=gen) * s for s in scales]).view(-1, 1, 64)
+    caches = [torch.zeros(values.shape[0], 1, 1, 64, dtype=fp8) for _ in range(2)]
+    native.write_kv_cache(values, values, *caches, torch.arange(values.shape[0]))
+    expected = values.to(fp8).view(torch.uint8)
+    assert torch.equal(caches[0].view(torch.uint8).view(expected.shape), expected)
