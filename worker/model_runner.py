@@ -130,11 +130,12 @@ class ModelRunner:
         )
         self.kv_cache = torch.zeros(shape, dtype=self.config.cache_torch_dtype, device=self.device)
         self.buffers.scratch_block = self.num_blocks
-        fp8 = self.kv_cache.element_size() == 1
+        # Scales of 1.0 (vLLM's default) cost nothing: only calculated ones are kept.
+        scaled = self.kv_cache.element_size() == 1 and self.config.calculate_kv_scales
         for i, attention in enumerate(self.model.model.attentions()):
             attention.key_cache = self.kv_cache[0, i]
             attention.value_cache = self.kv_cache[1, i]
-            if fp8:
+            if scaled:
                 attention.k_scale = torch.ones((), device=self.device)
                 attention.v_scale = torch.ones((), device=self.device)
 
