@@ -61,6 +61,8 @@ def as_flags(values: Mapping[str, Any]) -> list[str]:
         if isinstance(value, bool):
             flags.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
         else:
+            if isinstance(value, BaseModel):
+                value = value.model_dump()
             text = json.dumps(value) if isinstance(value, dict) else str(value)
             flags += [_flag(name), text]
     return flags

@@ -12,13 +12,35 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from worker.model_fetch import DEFAULT_MODEL
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+
+
+class SpeculativeConfig(BaseModel):
+    """vLLM's ``speculative_config``: draft tokens proposed from the sequence itself
+    (``ngram``: the tokens that followed the latest earlier occurrence of its last
+    ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens), verified in one step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    prompt_lookup_max: int = Field(4, ge=1, le=64)
+    prompt_lookup_min: int = Field(1, ge=1, le=64)
+    disable_by_batch_size: int | None = Field(
+        None, ge=1, description="no speculation in a step with more running sequences"
+    )
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
 
 
 class EngineConfig(BaseModel):
@@ -85,6 +107,11 @@ class EngineConfig(BaseModel):
         description="where requests' unset sampling fields come from: auto (the model "
         "folder's generation_config.json), vllm (neutral values), or a folder",
     )
+    speculative_config: SpeculativeConfig | None = Field(
+        None,
+        description='speculative decoding, as JSON: \'{"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (greedy requests)',
+    )
     override_generation_config: dict[str, Any] | None = Field(
         None,
         description='JSON over the generation config, e.g. \'{"temperature": 0.5, '
@@ -98,7 +125,7 @@ class EngineConfig(BaseModel):
             return device
         raise ValueError(f"device must be one of {DEVICE_CHOICES}; got {device!r}")
 
-    @field_validator("override_generation_config", mode="before")
+    @field_validator("override_generation_config", "speculative_config", mode="before")
     @classmethod
     def _json_text(cls, value: Any) -> Any:
         """A flag gives the override as JSON text."""

@@ -25,6 +25,7 @@ from worker.outputs import RequestDelta, Timings, Usage
 from worker.sampler import sample
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
+from worker.speculative import NgramProposer, SpecDecodeStats, accepted_drafts
 from worker.structured_output import Grammars
 
 Prompt = str | list[int] | dict
@@ -102,6 +103,9 @@ class LLMEngine:
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.block_manager)
+        spec = config.speculative_config
+        self.proposer = None if spec is None else NgramProposer(spec, self.max_model_len)
+        self.spec_stats = SpecDecodeStats()
         self.last_batch = SchedulerOutput()  # what the latest step ran, for metrics
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
@@ -237,21 +241,70 @@ class LLMEngine:
         sampling = [
             seq
             for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
-            if seq.num_computed_tokens + n == seq.num_tokens
+            if seq.num_computed_tokens + n == seq.num_tokens + len(seq.draft_token_ids)
         ]
-        result = sample(logits, sampling)
+        plain, verified = self._split_rows(logits, sampling)
+        result = sample(logits if not verified else logits[plain[1]], plain[0])
         if result.mask_seconds:
             self.mask_seconds += result.mask_seconds
             self.masked_steps += 1
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
-            self.block_manager.register_computed_blocks(seq)
-        for seq, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            if not seq.draft_token_ids:
+                self.block_manager.register_computed_blocks(seq)
+        for seq, token, logprobs in zip(plain[0], result.token_ids, result.logprobs, strict=True):
             finished = append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
             if finished:
                 self.scheduler.finish(seq)
             deltas.append(self._delta(seq, [token]))
+        deltas += [self._accept(seq, targets) for seq, targets in verified]
+        if self.proposer is not None:
+            running = self.scheduler.running
+            for seq in running:
+                seq.draft_token_ids = self.proposer.propose(seq, len(running))
         return deltas
+
+    def _split_rows(
+        self, logits: torch.Tensor, sampling: list[Sequence]
+    ) -> tuple[tuple[list[Sequence], list[int]], list[tuple[Sequence, list[int]]]]:
+        """The sequences that sample one token and their logits rows; and those that
+        verify drafts, with the model's choice at each of their positions."""
+        plain: list[Sequence] = []
+        plain_rows: list[int] = []
+        verifying: list[tuple[Sequence, int]] = []
+        row = 0
+        for seq in sampling:
+            if seq.draft_token_ids:
+                verifying.append((seq, row))
+            else:
+                plain.append(seq)
+                plain_rows.append(row)
+            row += 1 + len(seq.draft_token_ids)
+        if not verifying:
+            return (plain, plain_rows), []
+        choices = logits.argmax(dim=-1).tolist()  # greedy: the rows' argmax is the choice
+        verified = [
+            (seq, choices[first : first + 1 + len(seq.draft_token_ids)]) for seq, first in verifying
+        ]
+        return (plain, plain_rows), verified
+
+    def _accept(self, seq: Sequence, targets: list[int]) -> RequestDelta:
+        """Take a verifying sequence's drafts up to the first the model disagrees with, then
+        the model's own token there; the rejected drafts' cache slots are the next step's."""
+        drafts, seq.draft_token_ids = seq.draft_token_ids, []
+        accepted = accepted_drafts(drafts, targets)
+        self.spec_stats.record(len(drafts), accepted)
+        computed = seq.num_tokens + accepted  # the last token and the accepted drafts
+        new_tokens = []
+        for token in [*drafts[:accepted], targets[accepted]]:
+            new_tokens.append(token)
+            if append_token(seq, token, None, self.eos_token_ids, self.max_model_len):
+                break
+        seq.num_computed_tokens = min(computed, seq.num_tokens)
+        self.block_manager.register_computed_blocks(seq)
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+        return self._delta(seq, new_tokens)
 
     def _delta(self, seq: Sequence, new_tokens: list[int]) -> RequestDelta:
         if seq.is_finished:

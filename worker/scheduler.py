@@ -68,6 +68,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.draft_token_ids = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.add(seq)
@@ -82,9 +83,19 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.draft_token_ids:
+                # A decode with its drafts, all in this step's budget, or a plain decode.
+                if num_new == 1 and 1 + len(seq.draft_token_ids) <= budget:
+                    num_new += len(seq.draft_token_ids)
+                else:
+                    seq.draft_token_ids = []
             if num_new == 0:
                 continue
             while not self.kv.allocate_slots(seq, seq.num_computed_tokens + num_new):
+                if seq.draft_token_ids:  # drafts never cost another sequence its blocks
+                    seq.draft_token_ids = []
+                    num_new = 1
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)

@@ -54,6 +54,9 @@ class Sequence:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    # Speculative decoding: tokens proposed to follow token_ids, run (and verified)
+    # with the next step's query.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

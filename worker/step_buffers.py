@@ -47,7 +47,7 @@ class _Buffers:
         self.block_tables = empty(max_seqs, max_blocks, dtype=torch.int32)
         self.seq_lens = empty(max_seqs)
         self.query_start_loc = empty(max_seqs + 1)
-        self.sample_rows = empty(max_seqs)
+        self.sample_rows = empty(max(max_seqs, max_tokens))  # drafts sample at each position
 
     def views(self, num_tokens: int, num_seqs: int, num_samples: int) -> StepInputs:
         return StepInputs(
@@ -97,12 +97,16 @@ class StepBuffers:
         samples = 0
         for row, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
+            drafts = seq.draft_token_ids
             input_ids.extend(seq.token_ids[start : start + num_new])
+            input_ids.extend(drafts[: max(0, start + num_new - seq.num_tokens)])  # verifying
             first_positions.append(start)
             self._tables[row, : len(seq.block_ids)] = seq.block_ids
-            if start + num_new == seq.num_tokens:
-                self._sample_rows[samples] = len(input_ids) - 1
-                samples += 1
+            if start + num_new == seq.num_tokens + len(drafts):
+                # The last token samples; with drafts, every position they take verifies.
+                for back in range(len(drafts), -1, -1):
+                    self._sample_rows[samples] = len(input_ids) - 1 - back
+                    samples += 1
         num_tokens = len(input_ids)
         counts = np.asarray(batch.num_new_tokens, dtype=np.int64)
         self._starts[0] = 0
