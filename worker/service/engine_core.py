@@ -136,11 +136,15 @@ class EngineCore:
         return deltas, stats
 
     def counters(self) -> EngineCounters:
-        pool = self.engine.block_manager
+        pool, spec = self.engine.block_manager, self.engine.spec_stats
         return EngineCounters(
             self.engine.scheduler.num_preemptions,
             pool.prefix_cache_queries,
             pool.prefix_cache_hits,
+            spec.num_drafts,
+            spec.num_draft_tokens,
+            spec.num_accepted_tokens,
+            tuple(spec.accepted_per_position),
         )
 
     def apply(self, command: Add | Abort | Compiled) -> None:

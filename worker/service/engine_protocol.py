@@ -92,6 +92,11 @@ class EngineCounters:
     preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens found cached
+    # Speculative decoding (worker.speculative.SpecDecodeStats).
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass

@@ -84,11 +84,38 @@ class WorkerMetrics:
         self.generation_tokens = counter(
             "generation_tokens", "Number of generation tokens processed"
         )
+        self.spec_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts")
+        self.spec_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Number of draft tokens proposed"
+        )
+        self.spec_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Number of draft tokens accepted"
+        )
+        self.spec_accepted_per_position = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens, by their position in the draft",
+            [*MODEL, "position"],
+        )
         self.request_success = counter(
             "request_success",
             "Count of processed requests, by finish reason",
             ["model_name", "finished_reason"],
         )
+
+    def _record_spec_decode(self, totals: EngineCounters, counted: EngineCounters) -> None:
+        model = self.model_name
+        self.spec_drafts.labels(model).inc(totals.spec_drafts - counted.spec_drafts)
+        self.spec_draft_tokens.labels(model).inc(
+            totals.spec_draft_tokens - counted.spec_draft_tokens
+        )
+        self.spec_accepted_tokens.labels(model).inc(
+            totals.spec_accepted_tokens - counted.spec_accepted_tokens
+        )
+        before = counted.spec_accepted_per_position
+        for position, total in enumerate(totals.spec_accepted_per_position):
+            done = before[position] if position < len(before) else 0
+            if total > done:
+                self.spec_accepted_per_position.labels(model, str(position)).inc(total - done)
 
     def describe_engine(self, ready: Ready) -> None:
         """The loaded model's weights and KV cache, as info gauges (vLLM's
@@ -196,6 +223,7 @@ class WorkerMetrics:
             totals.prefix_cache_queries - counted.prefix_cache_queries
         )
         self.prefix_hits.labels(model).inc(totals.prefix_cache_hits - counted.prefix_cache_hits)
+        self._record_spec_decode(totals, counted)
         self._counted = totals
         if step.step is None:
             return

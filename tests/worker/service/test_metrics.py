@@ -108,3 +108,21 @@ def test_the_loaded_model_is_described_by_info_gauges() -> None:
     assert _value(registry, "model_weight_bytes", **formats) == 123456
     cache = {"block_size": "16", "num_gpu_blocks": "40", "cache_dtype": "bfloat16"}
     assert _value(registry, "cache_config_info", **cache) == 1
+
+
+def test_speculative_decoding_is_counted_as_vllm_counts_it() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry, "tiny", max_model_len=2048)
+    timings = Timings(100.0, first_token_time=100.1, scheduled_time=100.0)
+    first = EngineCounters(spec_drafts=2, spec_draft_tokens=7, spec_accepted_tokens=5,
+                           spec_accepted_per_position=(2, 1, 1, 1))  # fmt: skip
+    later = EngineCounters(spec_drafts=3, spec_draft_tokens=12, spec_accepted_tokens=6,
+                           spec_accepted_per_position=(3, 1, 1, 1, 0))  # fmt: skip
+    metrics.record_step(_step([_delta(0, [5], timings)], 100.1, first))
+    metrics.record_step(_step([_delta(1, [6], timings)], 100.2, later))
+
+    assert _value(registry, "spec_decode_num_drafts_total") == 3
+    assert _value(registry, "spec_decode_num_draft_tokens_total") == 12
+    assert _value(registry, "spec_decode_num_accepted_tokens_total") == 6
+    assert _value(registry, "spec_decode_num_accepted_tokens_per_pos_total", position="0") == 3
+    assert _value(registry, "spec_decode_num_accepted_tokens_per_pos_total", position="3") == 1
