@@ -4,7 +4,14 @@ from genfleet.settings_flags import add_settings_arguments
 from worker.config import EngineConfig
 
 # The engine's knobs the benchmarks take, as every command takes them (one definition).
-ENGINE_FLAGS = ("device", "enforce_eager", "max_num_seqs", "max_num_batched_tokens")
+ENGINE_FLAGS = (
+    "device",
+    "enforce_eager",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_dtype",
+    "speculative_config",
+)
 
 
 def engine_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -88,6 +95,13 @@ def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the KV cache in the model's dtype against fp8 (e4m3, e5m2): blocks at one "
         "budget, the largest batch without preemption, decode and burst speed, agreement",
+    )
+    parser.add_argument(
+        "--speculative",
+        action="store_true",
+        help="n-gram speculative decoding against none (--speculative-config, default "
+        "4 tokens, lookups of 2-4): copying and chat prompts one at a time, the burst, "
+        "a batch of 64",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")

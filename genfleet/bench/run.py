@@ -103,6 +103,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
         from genfleet.bench.weights import run_weights
 
         return run_weights(args.model, tokenizer, args.seed, console)
+    if args.speculative:
+        from genfleet.bench.speculative import run_speculative
+
+        config = EngineConfig(**engine_flags(args)).speculative_config
+        return run_speculative(args.model, tokenizer, args.seed, console, config)
     if args.kv_cache:
         from genfleet.bench.kv_cache import run_kv_cache
 

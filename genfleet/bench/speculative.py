@@ -1,0 +1,120 @@
+"""The engine with n-gram speculative decoding against the same engine without it.
+
+Workloads, each run by both engines in alternating order, twice:
+- ``copying``: batch-1 requests whose answers copy their prompt: a passage to
+  repeat, one to return with its typos fixed, a Python function to return with a
+  variable renamed (vLLM measures n-gram proposals on such edits);
+- ``chat``: batch-1 open-ended questions, which copy little;
+- ``burst``: the 20-request burst at once; ``batch64``: 64 such requests at once.
+Greedy, fixed output lengths (``ignore_eos``). Per workload: output tokens/s of
+each engine, their ratio, and the share of draft tokens accepted.
+"""
+
+import inspect
+import json
+import statistics
+import textwrap
+import time
+
+from rich.console import Console
+from rich.table import Table
+from transformers import PreTrainedTokenizerBase
+
+from genfleet.bench.weights import QUESTIONS
+from genfleet.bench.workloads import english_passages, make_workload
+from worker import EngineConfig, LLMEngine, SamplingParams
+from worker.config import SpeculativeConfig
+
+DEFAULT = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)
+ROUNDS = 2
+BATCH_1_TOKENS = 128
+
+
+def _copying_messages() -> list[str]:
+    passage = " ".join(english_passages()[3].split()[:120])
+    typos = passage.replace(" the ", " teh ").replace(" and ", " adn ")
+    source = textwrap.dedent(inspect.getsource(textwrap.dedent))
+    return [
+        f"Repeat the following text exactly, word for word:\n\n{passage}",
+        f"Fix the typos in this text and return all of it:\n\n{typos}",
+        f"Rename the variable `lines` to `rows` and return the whole function:\n\n{source}",
+    ]
+
+
+def _chats(tokenizer: PreTrainedTokenizerBase, contents: list[str]) -> list[list[int]]:
+    return [
+        list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
+            return_dict=False,
+        ))
+        for c in contents
+    ]  # fmt: skip
+
+
+def _one_at_a_time(engine: LLMEngine, prompts: list[list[int]]) -> tuple[int, float]:
+    params = SamplingParams(temperature=0, max_tokens=BATCH_1_TOKENS, ignore_eos=True)
+    tokens, started = 0, time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"one-{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            tokens += sum(len(d.new_token_ids) for d in engine.step())
+    return tokens, time.perf_counter() - started
+
+
+def _all_at_once(
+    engine: LLMEngine, prompts: list[list[int]], lengths: list[int]
+) -> tuple[int, float]:
+    tokens, started = 0, time.perf_counter()
+    for i, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
+        params = SamplingParams(temperature=0, max_tokens=length, ignore_eos=True)
+        engine.add_request(f"all-{i}", prompt, params)
+    while engine.has_unfinished_requests():
+        tokens += sum(len(d.new_token_ids) for d in engine.step())
+    return tokens, time.perf_counter() - started
+
+
+def run_speculative(
+    model: str,
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int,
+    console: Console,
+    config: SpeculativeConfig | None,
+) -> int:
+    config = config or DEFAULT
+    engines = {
+        "plain": LLMEngine(EngineConfig(model=model, seed=seed, max_num_seqs=64)),
+        "ngram": LLMEngine(
+            EngineConfig(model=model, seed=seed, max_num_seqs=64, speculative_config=config)
+        ),
+    }
+    burst = make_workload("burst", tokenizer, seed)
+    wide = [make_workload("burst", tokenizer, seed + s) for s in range(4)]
+    workloads = {
+        "copying (batch 1)": lambda e: _one_at_a_time(e, _chats(tokenizer, _copying_messages())),
+        "chat (batch 1)": lambda e: _one_at_a_time(e, _chats(tokenizer, list(QUESTIONS[:4]))),
+        "burst (20)": lambda e: _all_at_once(
+            e, [r.prompt_token_ids for r in burst], [r.output_len for r in burst]
+        ),
+        "batch of 64": lambda e: _all_at_once(
+            e, [r.prompt_token_ids for w in wide for r in w][:64],
+            [r.output_len for w in wide for r in w][:64],
+        ),
+    }  # fmt: skip
+    table = Table(title=f"{model}: n-gram speculation {json.dumps(config.model_dump())}")
+    for column in ("workload", "plain tok/s", "ngram tok/s", "ratio", "accepted"):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+    for name, run in workloads.items():
+        speeds: dict[str, list[float]] = {label: [] for label in engines}
+        stats = engines["ngram"].spec_stats
+        drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+        for round_ in range(ROUNDS):
+            for label in ("plain", "ngram") if round_ % 2 == 0 else ("ngram", "plain"):
+                console.print(f"[dim]{name}, round {round_ + 1}: {label}[/dim]")
+                tokens, seconds = run(engines[label])
+                speeds[label].append(tokens / seconds)
+        plain, ngram = statistics.median(speeds["plain"]), statistics.median(speeds["ngram"])
+        drafted, accepted = stats.num_draft_tokens - drafted, stats.num_accepted_tokens - accepted
+        share = f"{100 * accepted / drafted:.0f}% of {drafted}" if drafted else "no drafts"
+        table.add_row(name, f"{plain:.1f}", f"{ngram:.1f}", f"x{ngram / plain:.2f}", share)
+    console.print(table)
+    return 0
