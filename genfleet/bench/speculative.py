@@ -25,7 +25,9 @@ from genfleet.bench.workloads import english_passages, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.config import SpeculativeConfig
 
-DEFAULT = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)
+DEFAULT = SpeculativeConfig(
+    num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2, disable_by_batch_size=32
+)
 ROUNDS = 2
 BATCH_1_TOKENS = 128
 
