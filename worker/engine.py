@@ -22,10 +22,15 @@ from worker.models.gguf import is_gguf_file, load_gguf_tokenizer
 from worker.models.loader import load_config, load_model
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
-from worker.sampler import sample
+from worker.sampler import probabilities, sample
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
-from worker.speculative import NgramProposer, SpecDecodeStats, accepted_drafts
+from worker.speculative import (
+    NgramProposer,
+    SpecDecodeStats,
+    accepted_drafts,
+    rejection_sample,
+)
 from worker.structured_output import Grammars
 
 Prompt = str | list[int] | dict
@@ -257,18 +262,19 @@ class LLMEngine:
             if finished:
                 self.scheduler.finish(seq)
             deltas.append(self._delta(seq, [token]))
-        deltas += [self._accept(seq, targets) for seq, targets in verified]
+        deltas += [self._accept(seq, tokens) for seq, tokens in verified]
         if self.proposer is not None:
             running = self.scheduler.running
             for seq in running:
-                seq.draft_token_ids = self.proposer.propose(seq, len(running))
+                if seq.num_computed_tokens == seq.num_tokens - 1:  # decoding, not prefilling
+                    seq.draft_token_ids = self.proposer.propose(seq, len(running))
         return deltas
 
     def _split_rows(
         self, logits: torch.Tensor, sampling: list[Sequence]
     ) -> tuple[tuple[list[Sequence], list[int]], list[tuple[Sequence, list[int]]]]:
         """The sequences that sample one token and their logits rows; and those that
-        verify drafts, with the model's choice at each of their positions."""
+        verify drafts, with the tokens they take (drafts kept, then the model's own)."""
         plain: list[Sequence] = []
         plain_rows: list[int] = []
         verifying: list[tuple[Sequence, int]] = []
@@ -282,21 +288,30 @@ class LLMEngine:
             row += 1 + len(seq.draft_token_ids)
         if not verifying:
             return (plain, plain_rows), []
-        choices = logits.argmax(dim=-1).tolist()  # greedy: the rows' argmax is the choice
-        verified = [
-            (seq, choices[first : first + 1 + len(seq.draft_token_ids)]) for seq, first in verifying
-        ]
+        choices = logits.argmax(dim=-1).tolist()  # a greedy row's argmax is its choice
+        verified = []
+        for seq, first in verifying:
+            drafts, width = seq.draft_token_ids, 1 + len(seq.draft_token_ids)
+            if seq.params.greedy:
+                targets = choices[first : first + width]
+                accepted = accepted_drafts(drafts, targets)
+                tokens = [*drafts[:accepted], targets[accepted]]
+            else:
+                probs = probabilities(logits[first : first + width], [seq] * width)
+                tokens = rejection_sample(probs, drafts, seq.generator)
+            verified.append((seq, tokens))
         return (plain, plain_rows), verified
 
-    def _accept(self, seq: Sequence, targets: list[int]) -> RequestDelta:
-        """Take a verifying sequence's drafts up to the first the model disagrees with, then
-        the model's own token there; the rejected drafts' cache slots are the next step's."""
+    def _accept(self, seq: Sequence, tokens: list[int]) -> RequestDelta:
+        """Append a verifying sequence's tokens (the drafts it kept, then one of the
+        model's own), up to where it stops; the rejected drafts' cache slots are the
+        next step's to write."""
         drafts, seq.draft_token_ids = seq.draft_token_ids, []
-        accepted = accepted_drafts(drafts, targets)
+        accepted = len(tokens) - 1
         self.spec_stats.record(len(drafts), accepted)
-        computed = seq.num_tokens + accepted  # the last token and the accepted drafts
+        computed = seq.num_tokens + accepted  # the last token and the kept drafts
         new_tokens = []
-        for token in [*drafts[:accepted], targets[accepted]]:
+        for token in tokens:
             new_tokens.append(token)
             if append_token(seq, token, None, self.eos_token_ids, self.max_model_len):
                 break

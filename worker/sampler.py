@@ -119,6 +119,15 @@ def _to_host(raw_logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tenso
     return SampleResult(token_ids, result)
 
 
+def probabilities(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The distribution each row samples from: temperature, then top-k / top-p / min-p
+    (a greedy row at temperature 1: its argmax is what counts)."""
+    greedy = _to_device([s.params.greedy for s in seqs], logits.device)
+    temperature = _column(seqs, "temperature", logits.device).float()
+    temperature = torch.where(greedy, 1.0, temperature)
+    return _filter(logits / temperature[:, None], seqs).softmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
     """Pick the next token of each row; logprobs are of the model's raw distribution.
     A constrained row picks among what its grammar allows: the mask comes first, so
@@ -133,9 +142,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
     greedy_rows = [s.params.greedy for s in seqs]
     if not all(greedy_rows):
         greedy = _to_device(greedy_rows, logits.device)
-        temperature = _column(seqs, "temperature", logits.device).float()
-        temperature = torch.where(greedy, 1.0, temperature)
-        probs = _filter(logits / temperature[:, None], seqs).softmax(dim=-1)
+        probs = probabilities(logits, seqs)
         sampled = (probs / _exponential_noise(probs, seqs)).argmax(dim=-1)
         tokens = torch.where(greedy, tokens, sampled)
     result = _to_host(raw_logits, seqs, tokens)

@@ -9,17 +9,24 @@ the draft there: drafts are accepted up to the first mismatch, and the model's
 own token at that position follows them, so every step yields 1 to k+1 tokens
 and the output is exactly what decoding one token at a time would give.
 
-Which sequences speculate: greedy ones with nothing that a per-position choice
-would have to replay (no penalties, which depend on the tokens before each
-position; no grammar, whose state would have to advance through the drafts; no
-logprobs; no ``min_tokens``). Others decode as before, in the same batch.
+Sampled sequences verify by rejection sampling (Leviathan et al., Chen et al.):
+with p the target's distribution at a position (temperature, top-k/p, min-p
+applied) and the draft a point mass, the draft is kept with probability p(draft);
+if not, the token comes from p with the draft's mass removed, renormalised; after
+k kept drafts the next token comes from p. Each position's token is then
+distributed exactly as p, and a seeded request draws from its own generator.
+
+Which sequences speculate: those with nothing that a per-position choice would
+have to replay (no penalties, which depend on the tokens before each position;
+no grammar, whose state would have to advance through the drafts; no logprobs;
+no ``min_tokens``). Others decode as before, in the same batch.
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from queue_schemas.sampling import GREEDY_TEMPERATURE
 from worker.config import SpeculativeConfig
 from worker.sequence import Sequence
 
@@ -40,12 +47,11 @@ def propose_ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
 
 
 def speculates(seq: Sequence) -> bool:
-    """Whether a sequence's choice at each position is the model's argmax alone."""
+    """Whether a sequence's choice at each position depends on that position's logits
+    alone."""
     params = seq.params
     return (
-        params.temperature is not None
-        and params.temperature < GREEDY_TEMPERATURE
-        and params.repetition_penalty in (None, 1.0)
+        params.repetition_penalty in (None, 1.0)
         and not params.presence_penalty
         and not params.frequency_penalty
         and params.logprobs is None
@@ -61,6 +67,25 @@ def accepted_drafts(drafts: list[int], targets: list[int]) -> int:
         if draft != target:
             return i
     return len(drafts)
+
+
+def rejection_sample(
+    probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None
+) -> list[int]:
+    """The tokens a sampled sequence takes: ``probs`` [k + 1, vocab] is the target's
+    distribution at each position, ``drafts`` the k proposed tokens."""
+    draft_ids = torch.tensor(drafts, device=probs.device)
+    kept = probs[torch.arange(len(drafts), device=probs.device), draft_ids]
+    draws = torch.rand(len(drafts), generator=generator, device=probs.device)
+    rejected = (draws >= kept).tolist()
+    for position, was_rejected in enumerate(rejected):
+        if was_rejected:
+            residual = probs[position].clone()
+            residual[drafts[position]] = 0.0
+            token = torch.multinomial(residual, 1, generator=generator).item()
+            return [*drafts[:position], int(token)]
+    bonus = torch.multinomial(probs[len(drafts)], 1, generator=generator).item()
+    return [*drafts, int(bonus)]
 
 
 @dataclass
