@@ -2,9 +2,9 @@
 (see quantized_linear.cpp).
 
 Few rows (decoding): the library's integer dot products over the blocks, which
-read each weight once in its 4.5 to 8.5 bits. Q4_0 and Q4_1 weights are re-laid
-out once (``PackedQ4Weight``: the same bytes in groups of 8 rows) for the
-kernel that advances 8 rows per instruction. Many rows (a prefill chunk): the
+read each weight once in its 4.5 to 8.5 bits. Weights are re-laid out once
+(``PackedWeight``: the same bytes in groups of 8 rows) for the kernel that
+advances 8 rows per instruction. Many rows (a prefill chunk): the
 matmul is compute-bound, so the weight is de-quantized a tile of output rows at
 a time and multiplied by torch's float matmul.
 """
@@ -25,10 +25,14 @@ from kernels.reference import quantized as reference
 _P, _I, _T = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _linear = NativeOp("quantized_linear", _T, _P, _I, _I, _P, _P, _I, _I, _P)
 _dequantize = NativeOp("dequantize", _T, _P, _I, _I, _P)
-_packed_linear = NativeOp("packed_q4_linear", _T, _P, _I, _I, _P, _P, _I, _I, _P)
-_packed_dequantize = NativeOp("packed_q4_dequantize", _T, _P, _I, _I, _P)
+_packed_linear = NativeOp("packed_linear", _T, _P, _I, _I, _P, _P, _I, _I, _P)
+_packed_dequantize = NativeOp("packed_dequantize", _T, _P, _I, _P, _I, _P)
 
-PACKED_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+PACKED_TYPES = (
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q8_0,
+)
 GROUP_ROWS = 8  # output rows per packed group
 # Rows from which de-quantize-then-matmul beats the integer dot products
 # (docs/benchmarks.md, "Quantized weights"): for the row-by-row kernel; for the
@@ -39,16 +43,16 @@ PACKED_MATMUL_ROWS = {torch.bfloat16: 192}
 TILE_ELEMENTS = 1 << 20
 
 
-class PackedQ4Weight:
-    """A Q4_0 or Q4_1 weight in the library's groups of 8 rows (the same bytes)."""
+class PackedWeight:
+    """A Q4_0, Q4_1 or Q8_0 weight in the library's groups of 8 rows (the same bytes)."""
 
     def __init__(self, weight: QuantizedWeight) -> None:
         if weight.ggml_type not in PACKED_TYPES:
             raise ValueError(f"only {[t.name for t in PACKED_TYPES]} weights are re-laid out")
         library = load_library()
-        size = library.packed_q4_bytes
+        size = library.packed_bytes
         size.argtypes, size.restype = [_T, _I, _I], _I
-        pack = library.pack_q4
+        pack = library.pack
         pack.argtypes, pack.restype = [_T, _P, _I, _I, _P], None
         self.ggml_type = weight.ggml_type
         self.out_features, self.in_features = weight.out_features, weight.in_features
@@ -67,9 +71,17 @@ class PackedQ4Weight:
     def dequantize_rows(self, first: int, last: int, out: torch.Tensor) -> torch.Tensor:
         """Rows [first, last) in ``out``'s dtype (``first`` a multiple of 8)."""
         data = self.data[first // GROUP_ROWS * self.group_bytes :]
-        _packed_dequantize(out.dtype, int(self.ggml_type), data.data_ptr(), last - first,
-                           self.in_features, out.data_ptr())  # fmt: skip
+        _packed_dequantize(out.dtype, int(self.ggml_type), data.data_ptr(), self.in_features,
+                           None, last - first, out.data_ptr())  # fmt: skip
         return out.view(last - first, self.in_features)
+
+    def rows(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The rows at ``index`` (an embedding lookup), de-quantized to ``dtype``."""
+        index = index.to(torch.int64).contiguous()
+        out = torch.empty((index.numel(), self.in_features), dtype=dtype)
+        _packed_dequantize(dtype, int(self.ggml_type), self.data.data_ptr(), self.in_features,
+                           index.data_ptr(), index.numel(), out.data_ptr())  # fmt: skip
+        return out
 
 
 def dequantize(
@@ -157,10 +169,8 @@ def quantized_linear(
     return out.view(*leading, n)
 
 
-def packed_q4_linear(
-    x: torch.Tensor, weight: PackedQ4Weight, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """``quantized_linear`` over a re-laid-out Q4_0 or Q4_1 weight; x float32 or bfloat16."""
+def packed_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """``quantized_linear`` over a re-laid-out weight; x float32 or bfloat16."""
     leading = x.shape[:-1]
     x = x.reshape(-1, weight.in_features)
     n, k = weight.out_features, weight.in_features

@@ -15,10 +15,11 @@
 // The rounding of x is the only error beyond fp32's: at most max|x_block| / 254
 // per element.
 //
-// Q4_0 and Q4_1 weights are also taken re-laid out (``pack_groups``), the same bytes
-// in another order: per group of 8 output rows and block, the 8 scales (and 8
-// mins), then four chunks of [8 rows][4 bytes], chunk c holding each row's
-// nibble bytes 4c..4c+3 (weights 4c..4c+3 low, 16+4c..16+4c+3 high). One 8-lane
+// Weights are also taken re-laid out (``pack_groups``), the same bytes in another
+// order: per group of 8 output rows and block, the 8 scales (and Q4_1's 8 mins),
+// then chunks of [8 rows][4 bytes]: Q4's four, chunk c holding each row's nibble
+// bytes 4c..4c+3 (weights 4c..4c+3 low, 16+4c..16+4c+3 high); Q8_0's eight,
+// chunk c holding weights 4c..4c+3. One 8-lane
 // register then holds 4 weights of each of 8 rows: a dot-product instruction
 // against 4 broadcast activation bytes advances all 8 rows at once, with no
 // horizontal sums, so a block costs 8 such instructions per 8 rows instead of
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__F16C__)
@@ -303,6 +305,10 @@ constexpr int kMaxGroupRows = 4;
 template <int32_t kType>
 constexpr int64_t kScaleBytes = kType == kQ4_1 ? 32 : 16;  // 8 fp16 scales (+ 8 fp16 mins)
 
+// Chunks of [8 rows][4 bytes] per group and block: Q4's 4 (two weights a byte), Q8_0's 8.
+template <int32_t kType>
+constexpr int kChunks = kType == kQ8_0 ? 8 : 4;
+
 template <int32_t kType>
 constexpr int64_t kGroupBlockBytes = kGroupRows * kBlockBytes<kType>;
 
@@ -310,7 +316,7 @@ template <int32_t kType>
 void pack_groups(const uint8_t* weight, int64_t n, int64_t k, uint8_t* packed) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = (n + kGroupRows - 1) / kGroupRows;
-  const int64_t nibbles = kType == kQ4_1 ? 4 : 2;
+  const int64_t values = kType == kQ4_1 ? 4 : 2;  // where the block's weights start
   std::memset(packed, 0, size_t(groups * blocks * kGroupBlockBytes<kType>));  // missing rows: 0
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -319,8 +325,8 @@ void pack_groups(const uint8_t* weight, int64_t n, int64_t k, uint8_t* packed) {
         const uint8_t* src = weight + ((g * kGroupRows + r) * blocks + b) * kBlockBytes<kType>;
         std::memcpy(dst + 2 * r, src, 2);
         if (kType == kQ4_1) std::memcpy(dst + 16 + 2 * r, src + 2, 2);
-        for (int64_t c = 0; c < 4; ++c)
-          std::memcpy(dst + kScaleBytes<kType> + c * 32 + r * 4, src + nibbles + 4 * c, 4);
+        for (int64_t c = 0; c < kChunks<kType>; ++c)
+          std::memcpy(dst + kScaleBytes<kType> + c * 32 + r * 4, src + values + 4 * c, 4);
       }
     }
 }
@@ -348,6 +354,26 @@ void group_dot(const uint8_t* group, const ActivationBlock* x, int64_t blocks,
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = group + b * kGroupBlockBytes<kType>;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    if constexpr (kType == kQ8_0) {
+      // Signed weights: |w| times x with w's sign (pairs stay within int16).
+      __m256i signs[8], magnitudes[8];
+      for (int c = 0; c < 8; ++c) {
+        signs[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * c));
+        magnitudes[c] = _mm256_sign_epi8(signs[c], signs[c]);
+      }
+      for (int m = 0; m < kRows; ++m) {
+        const ActivationBlock& xb = x[m * blocks + b];
+        int32_t quads[8];
+        std::memcpy(quads, xb.q, sizeof quads);
+        __m256i products = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c)
+          products = dot_accumulate(
+              products, magnitudes[c], _mm256_sign_epi8(_mm256_set1_epi32(quads[c]), signs[c]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products),
+                                 _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[m]);
+      }
+      continue;
+    }
     // What multiplies each x block's ds: Q4_1's mins, Q4_0's -8 d.
     const __m256 offset =
         kType == kQ4_1
@@ -388,14 +414,19 @@ void group_dot(const uint8_t* group, const ActivationBlock* x, int64_t blocks,
     const uint8_t* block = group + b * kGroupBlockBytes<kType>;
     for (int64_t r = 0; r < kGroupRows; ++r) {
       const float d = half_to_float(block + 2 * r);
-      const float offset = kType == kQ4_1 ? half_to_float(block + 16 + 2 * r) : -8.f * d;
+      const float offset = kType == kQ4_1   ? half_to_float(block + 16 + 2 * r)
+                           : kType == kQ4_0 ? -8.f * d
+                                            : 0.f;
       for (int m = 0; m < kRows; ++m) {
         const ActivationBlock& xb = x[m * blocks + b];
         int32_t products = 0;
-        for (int64_t c = 0; c < 4; ++c)
+        for (int64_t c = 0; c < kChunks<kType>; ++c)
           for (int64_t i = 0; i < 4; ++i) {
             const uint8_t byte = block[kScaleBytes<kType> + c * 32 + r * 4 + i];
-            products += (byte & 0x0f) * xb.q[4 * c + i] + (byte >> 4) * xb.q[16 + 4 * c + i];
+            if constexpr (kType == kQ8_0)
+              products += int8_t(byte) * xb.q[4 * c + i];
+            else
+              products += (byte & 0x0f) * xb.q[4 * c + i] + (byte >> 4) * xb.q[16 + 4 * c + i];
           }
         sums[m][r] += d * xb.d * float(products) + offset * xb.ds;
       }
@@ -438,23 +469,30 @@ void packed_linear(const T* x, int64_t x_stride, int64_t rows, const uint8_t* pa
   }
 }
 
+// Rows ``rows[i]`` (or i, without ``rows``) of a packed weight into out[i].
 template <int32_t kType, typename T>
-void packed_dequantize(const uint8_t* packed, int64_t n, int64_t k, T* out) {
+void packed_dequantize(const uint8_t* packed, int64_t k, const int64_t* rows, int64_t count,
+                       T* out) {
   const int64_t blocks = k / kBlock;
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < n; ++row) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = rows ? rows[i] : i;
     const int64_t g = row / kGroupRows, r = row % kGroupRows;
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = packed + (g * blocks + b) * kGroupBlockBytes<kType>;
       const float d = half_to_float(block + 2 * r);
       const float low = kType == kQ4_1 ? half_to_float(block + 16 + 2 * r) : 0.f;
-      const int32_t zero = kType == kQ4_1 ? 0 : 8;
-      T* values = out + row * k + b * kBlock;
-      for (int64_t c = 0; c < 4; ++c)
-        for (int64_t i = 0; i < 4; ++i) {
-          const uint8_t byte = block[kScaleBytes<kType> + c * 32 + r * 4 + i];
-          store(d * float((byte & 0x0f) - zero) + low, values + 4 * c + i);
-          store(d * float((byte >> 4) - zero) + low, values + 16 + 4 * c + i);
+      const int32_t zero = kType == kQ4_0 ? 8 : 0;
+      T* values = out + i * k + b * kBlock;
+      for (int64_t c = 0; c < kChunks<kType>; ++c)
+        for (int64_t j = 0; j < 4; ++j) {
+          const uint8_t byte = block[kScaleBytes<kType> + c * 32 + r * 4 + j];
+          if constexpr (kType == kQ8_0) {
+            store(d * float(int8_t(byte)), values + 4 * c + j);
+          } else {
+            store(d * float((byte & 0x0f) - zero) + low, values + 4 * c + j);
+            store(d * float((byte >> 4) - zero) + low, values + 16 + 4 * c + j);
+          }
         }
     }
   }
@@ -507,42 +545,52 @@ extern "C" void dequantize_bfloat16(int32_t type, const uint8_t* weight, int64_t
   dequantize_any(type, weight, n, k, out);
 }
 
-// The re-laid-out form of Q4_0 and Q4_1 weights: its size in bytes (0: not taken), the packing.
-extern "C" int64_t packed_q4_bytes(int32_t type, int64_t n, int64_t k) {
+// The re-laid-out form (8-row groups) of Q4_0, Q4_1 and Q8_0 weights: its size in bytes,
+// the packing, the linear layer over it and the de-quantization of some of its rows.
+namespace {
+
+template <typename Run>
+void with_type(int32_t type, Run&& run) {
+  if (type == kQ4_0) run(std::integral_constant<int32_t, kQ4_0>{});
+  if (type == kQ4_1) run(std::integral_constant<int32_t, kQ4_1>{});
+  if (type == kQ8_0) run(std::integral_constant<int32_t, kQ8_0>{});
+}
+
+}  // namespace
+
+extern "C" int64_t packed_bytes(int32_t type, int64_t n, int64_t k) {
   const int64_t groups = (n + kGroupRows - 1) / kGroupRows, blocks = k / kBlock;
-  if (type == kQ4_0) return groups * blocks * kGroupBlockBytes<kQ4_0>;
-  if (type == kQ4_1) return groups * blocks * kGroupBlockBytes<kQ4_1>;
-  return 0;
+  int64_t size = 0;
+  with_type(type, [&](auto t) { size = groups * blocks * kGroupBlockBytes<decltype(t)::value>; });
+  return size;
 }
 
-extern "C" void pack_q4(int32_t type, const uint8_t* weight, int64_t n, int64_t k,
-                        uint8_t* packed) {
-  if (type == kQ4_0) pack_groups<kQ4_0>(weight, n, k, packed);
-  if (type == kQ4_1) pack_groups<kQ4_1>(weight, n, k, packed);
+extern "C" void pack(int32_t type, const uint8_t* weight, int64_t n, int64_t k, uint8_t* packed) {
+  with_type(type, [&](auto t) { pack_groups<decltype(t)::value>(weight, n, k, packed); });
 }
 
-extern "C" void packed_q4_linear_float32(int32_t type, const float* x, int64_t x_stride,
-                                         int64_t rows, const uint8_t* packed, const float* bias,
-                                         int64_t n, int64_t k, float* y) {
-  if (type == kQ4_0) packed_linear<kQ4_0>(x, x_stride, rows, packed, bias, n, k, y);
-  if (type == kQ4_1) packed_linear<kQ4_1>(x, x_stride, rows, packed, bias, n, k, y);
+extern "C" void packed_linear_float32(int32_t type, const float* x, int64_t x_stride, int64_t rows,
+                                      const uint8_t* packed, const float* bias, int64_t n,
+                                      int64_t k, float* y) {
+  with_type(type, [&](auto t) {
+    packed_linear<decltype(t)::value>(x, x_stride, rows, packed, bias, n, k, y);
+  });
 }
 
-extern "C" void packed_q4_linear_bfloat16(int32_t type, const bf16* x, int64_t x_stride,
-                                          int64_t rows, const uint8_t* packed, const bf16* bias,
-                                          int64_t n, int64_t k, bf16* y) {
-  if (type == kQ4_0) packed_linear<kQ4_0>(x, x_stride, rows, packed, bias, n, k, y);
-  if (type == kQ4_1) packed_linear<kQ4_1>(x, x_stride, rows, packed, bias, n, k, y);
+extern "C" void packed_linear_bfloat16(int32_t type, const bf16* x, int64_t x_stride, int64_t rows,
+                                       const uint8_t* packed, const bf16* bias, int64_t n,
+                                       int64_t k, bf16* y) {
+  with_type(type, [&](auto t) {
+    packed_linear<decltype(t)::value>(x, x_stride, rows, packed, bias, n, k, y);
+  });
 }
 
-extern "C" void packed_q4_dequantize_float32(int32_t type, const uint8_t* packed, int64_t n,
-                                             int64_t k, float* out) {
-  if (type == kQ4_0) packed_dequantize<kQ4_0>(packed, n, k, out);
-  if (type == kQ4_1) packed_dequantize<kQ4_1>(packed, n, k, out);
+extern "C" void packed_dequantize_float32(int32_t type, const uint8_t* packed, int64_t k,
+                                          const int64_t* rows, int64_t count, float* out) {
+  with_type(type, [&](auto t) { packed_dequantize<decltype(t)::value>(packed, k, rows, count, out); });
 }
 
-extern "C" void packed_q4_dequantize_bfloat16(int32_t type, const uint8_t* packed, int64_t n,
-                                              int64_t k, bf16* out) {
-  if (type == kQ4_0) packed_dequantize<kQ4_0>(packed, n, k, out);
-  if (type == kQ4_1) packed_dequantize<kQ4_1>(packed, n, k, out);
+extern "C" void packed_dequantize_bfloat16(int32_t type, const uint8_t* packed, int64_t k,
+                                           const int64_t* rows, int64_t count, bf16* out) {
+  with_type(type, [&](auto t) { packed_dequantize<decltype(t)::value>(packed, k, rows, count, out); });
 }

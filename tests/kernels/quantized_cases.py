@@ -50,12 +50,14 @@ def check_native_against_reference() -> None:
                 excess = (actual - expected).abs() - activation_bound(x, weight) - slack
                 assert excess.max() <= 1e-6, (ggml_type.name, rows, dtype, excess.max().item())
                 if ggml_type in native.PACKED_TYPES:
-                    packed = native.PackedQ4Weight(weight)
-                    actual = native.packed_q4_linear(x, packed, bias.to(dtype)).float()
+                    packed = native.PackedWeight(weight)
+                    actual = native.packed_linear(x, packed, bias.to(dtype)).float()
                     excess = (actual - expected).abs() - activation_bound(x, weight) - slack
                     assert excess.max() <= 1e-6, ("packed", ggml_type.name, rows, dtype)
                     rows_out = torch.empty(out_features * in_features, dtype=dtype)
                     whole = packed.dequantize_rows(0, out_features, rows_out)
                     assert torch.equal(whole, reference.dequantize(weight, dtype))
+                    index = torch.tensor([out_features - 1, 0, out_features // 2, 0])
+                    assert torch.equal(packed.rows(index, dtype), whole[index])
                 dequantized = native.dequantize(weight, dtype)
                 assert torch.equal(dequantized, reference.dequantize(weight, dtype))

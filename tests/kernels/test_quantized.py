@@ -80,9 +80,9 @@ def test_packed_weights_take_the_matmul_path_where_it_is_faster(dtype) -> None:
     from kernels.native import quantized as native
 
     weight = quantized(GGMLQuantizationType.Q4_0, 70, 96)
-    packed = native.PackedQ4Weight(weight)
+    packed = native.PackedWeight(weight)
     x = torch.randn(native.PACKED_MATMUL_ROWS[torch.bfloat16] + 5, 96).to(dtype)
-    actual = native.packed_q4_linear(x, packed, None)
+    actual = native.packed_linear(x, packed, None)
     expected = reference.quantized_linear(x.float(), weight, None)
     if dtype == torch.bfloat16:  # the matmul path: bf16 matmul precision
         torch.testing.assert_close(actual.float(), expected, atol=0.1, rtol=2e-2)

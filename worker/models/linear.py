@@ -8,12 +8,13 @@ weights, and the plain row-major weight is not the fastest way to read them:
 The packed copy is made after the weights are loaded; on other devices, or
 where neither applies, the layer is a plain ``nn.Linear``. A layer loaded from
 GGUF blocks (``use_quantized``) holds only those and runs ``quantized_linear``;
-on CPU hosts its Q4_0 and Q4_1 blocks are re-laid out for the native kernel
-that advances 8 rows at once (2.4x the blocks as stored, at one row), and the
-stored form is dropped.
+on CPU hosts its blocks are re-laid out for the native kernel that advances 8
+rows at once (2.4x the blocks as stored, at one row), and the stored form is
+dropped.
 """
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,9 @@ from torch import nn
 
 from kernels import kernel_backend, quantized_linear
 from kernels.quantized_weight import QuantizedWeight
+
+if TYPE_CHECKING:
+    from kernels.native.quantized import PackedWeight
 
 # oneDNN picks its blocking for this batch size; decode batches are about this big.
 PACK_BATCH_HINT = 32
@@ -49,15 +53,19 @@ def _onednn(weight: torch.Tensor) -> PackedLinear | None:
     return lambda x, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _native_q4(weight: QuantizedWeight) -> PackedLinear | None:
-    from kernels.native.quantized import PACKED_TYPES, PackedQ4Weight, packed_q4_linear
+def pack_quantized(weight: QuantizedWeight) -> "PackedWeight | None":
+    """``weight`` re-laid out for the native kernel's 8-row groups, where that runs."""
+    from kernels.native.quantized import PACKED_TYPES, PackedWeight
 
     if weight.data.device.type != "cpu" or kernel_backend(weight.data.device) != "native":
         return None
-    if weight.ggml_type not in PACKED_TYPES:
-        return None
-    packed = PackedQ4Weight(weight)
-    return lambda x, bias: packed_q4_linear(x, packed, bias)
+    return PackedWeight(weight) if weight.ggml_type in PACKED_TYPES else None
+
+
+def packed_layer(packed: "PackedWeight") -> PackedLinear:
+    from kernels.native.quantized import packed_linear
+
+    return lambda x, bias: packed_linear(x, packed, bias)
 
 
 def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
@@ -87,8 +95,9 @@ class Linear(nn.Linear):
         if self.quantized is None:
             self.packed = pack_for_cpu(self.weight)
             return
-        self.packed = _native_q4(self.quantized)
-        if self.packed is not None:
+        packed = pack_quantized(self.quantized)
+        if packed is not None:
+            self.packed = packed_layer(packed)
             self.quantized = None  # the packed copy holds the same bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

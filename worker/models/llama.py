@@ -5,6 +5,8 @@ attention is the only op that needs to know where one sequence ends, and it
 learns that from the AttentionMetadata passed down the forward call.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -19,8 +21,11 @@ from kernels import (
     write_kv_cache,
 )
 from kernels.quantized_weight import QuantizedWeight
+
+if TYPE_CHECKING:
+    from kernels.native.quantized import PackedWeight
 from worker.models.attention_metadata import AttentionMetadata
-from worker.models.linear import Linear, PackedLinear, pack_for_cpu
+from worker.models.linear import Linear, PackedLinear, pack_for_cpu, pack_quantized, packed_layer
 from worker.models.rotary import cos_sin_cache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -47,6 +52,7 @@ class Embedding(nn.Embedding):
     are de-quantized."""
 
     quantized: QuantizedWeight | None = None
+    packed: "PackedWeight | None" = None
     stored_as: tuple[str, int] | None = None  # as Linear.stored_as
     compute_dtype = torch.float32
 
@@ -56,7 +62,16 @@ class Embedding(nn.Embedding):
         self.compute_dtype = dtype
         self.register_parameter("weight", None)
 
+    def use_packed(self, packed: "PackedWeight") -> None:
+        """Look rows up in ``packed`` (the native re-laid-out form of the same blocks,
+        which the tied output layer runs on); the stored form is dropped."""
+        self.packed = packed
+        self.quantized = None
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            rows = self.packed.rows(ids.reshape(-1), self.compute_dtype)
+            return rows.view(*ids.shape, self.packed.in_features)
         if self.quantized is None:
             return super().forward(ids)
         rows = dequantize(self.quantized.rows(ids.reshape(-1)), self.compute_dtype)
@@ -215,8 +230,13 @@ class LlamaForCausalLM(nn.Module):
                 module.pack()
         if not self.tie_word_embeddings:
             return  # lm_head is a Linear: packed above
-        quantized = self.model.embed_tokens.quantized
-        if quantized is not None:
+        embedding = self.model.embed_tokens
+        quantized = embedding.quantized
+        packed = None if quantized is None else pack_quantized(quantized)
+        if packed is not None:
+            embedding.use_packed(packed)
+            self.tied_output = packed_layer(packed)
+        elif quantized is not None:
             self.tied_output = lambda x, bias: quantized_linear(x, quantized, bias)
         else:
             self.tied_output = pack_for_cpu(self.model.embed_tokens.weight)
