@@ -248,8 +248,8 @@ class LLMEngine:
             for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
             if seq.num_computed_tokens + n == seq.num_tokens + len(seq.draft_token_ids)
         ]
-        plain, verified = self._split_rows(logits, sampling)
-        result = sample(logits if not verified else logits[plain[1]], plain[0])
+        plain, plain_rows, verified = self._split_rows(logits, sampling)
+        result = sample(logits[plain_rows] if verified else logits, plain)
         if result.mask_seconds:
             self.mask_seconds += result.mask_seconds
             self.masked_steps += 1
@@ -257,7 +257,7 @@ class LLMEngine:
             seq.num_computed_tokens += n
             if not seq.draft_token_ids:
                 self.block_manager.register_computed_blocks(seq)
-        for seq, token, logprobs in zip(plain[0], result.token_ids, result.logprobs, strict=True):
+        for seq, token, logprobs in zip(plain, result.token_ids, result.logprobs, strict=True):
             finished = append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
             if finished:
                 self.scheduler.finish(seq)
@@ -272,8 +272,8 @@ class LLMEngine:
 
     def _split_rows(
         self, logits: torch.Tensor, sampling: list[Sequence]
-    ) -> tuple[tuple[list[Sequence], list[int]], list[tuple[Sequence, list[int]]]]:
-        """The sequences that sample one token and their logits rows; and those that
+    ) -> tuple[list[Sequence], list[int], list[tuple[Sequence, list[int]]]]:
+        """The sequences that sample one token, and their logits rows; and those that
         verify drafts, with the tokens they take (drafts kept, then the model's own)."""
         plain: list[Sequence] = []
         plain_rows: list[int] = []
@@ -287,7 +287,7 @@ class LLMEngine:
                 plain_rows.append(row)
             row += 1 + len(seq.draft_token_ids)
         if not verifying:
-            return (plain, plain_rows), []
+            return plain, plain_rows, []
         choices = logits.argmax(dim=-1).tolist()  # a greedy row's argmax is its choice
         verified = []
         for seq, first in verifying:
@@ -300,7 +300,7 @@ class LLMEngine:
                 probs = probabilities(logits[first : first + width], [seq] * width)
                 tokens = rejection_sample(probs, drafts, seq.generator)
             verified.append((seq, tokens))
-        return (plain, plain_rows), verified
+        return plain, plain_rows, verified
 
     def _accept(self, seq: Sequence, tokens: list[int]) -> RequestDelta:
         """Append a verifying sequence's tokens (the drafts it kept, then one of the

@@ -21,12 +21,12 @@ from kernels import (
     write_kv_cache,
 )
 from kernels.quantized_weight import QuantizedWeight
-
-if TYPE_CHECKING:
-    from kernels.native.quantized import PackedWeight
 from worker.models.attention_metadata import AttentionMetadata
 from worker.models.linear import Linear, PackedLinear, pack_for_cpu, pack_quantized, packed_layer
 from worker.models.rotary import cos_sin_cache
+
+if TYPE_CHECKING:
+    from kernels.native.quantized import PackedWeight
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -95,8 +95,9 @@ class Attention(nn.Module):
         # Views into the runner's cache tensors, set once the cache is allocated.
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
-        # An fp8 cache holds k / k_scale and v / v_scale (0-d tensors, so that CUDA graphs
-        # replay with the values calculate_scales sets on the first prefill).
+        # With calculated scales (calculate_kv_scales) an fp8 cache holds k / k_scale and
+        # v / v_scale: 0-d tensors, so that CUDA graphs replay with the values the first
+        # prefill sets. Without, there are none (scales of 1.0 cost nothing).
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
         self.calculate_scales = False
