@@ -55,28 +55,41 @@ def _cpu_flags() -> str:
     return next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
 
 
-def _run(command: list[str]) -> None:
+def _run(commands: list[list[str]]) -> None:
+    """Run the commands at once (one compiler per source: a build takes the longest
+    source's time, not their sum), each to completion."""
     try:
-        result = subprocess.run(command, capture_output=True, text=True)
+        running = [
+            subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for c in commands
+        ]
     except OSError as error:
-        message = f"cannot run the C++ compiler {command[0]!r}: {error}"
+        message = f"cannot run the C++ compiler {commands[0][0]!r}: {error}"
         raise NativeKernelsUnavailable(message) from None
-    if result.returncode != 0:
+    failures = []
+    for process in running:
+        _, stderr = process.communicate()
+        if process.returncode != 0:
+            failures.append(stderr)
+    if failures:
         raise NativeKernelsUnavailable(
-            f"{command[0]} failed to build the kernels:\n{result.stderr}"
+            f"{commands[0][0]} failed to build the kernels:\n" + "\n".join(failures)
         )
 
 
 def _compile(compiler: str, flags: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        objects = []
-        for source in SOURCES:
-            objects.append(str(Path(work) / f"{source.stem}.o"))
-            _run([compiler, *flags, "-c", str(source), "-o", objects[-1]])
+        objects = [str(Path(work) / f"{source.stem}.o") for source in SOURCES]
+        _run(
+            [
+                [compiler, *flags, "-c", str(source), "-o", obj]
+                for source, obj in zip(SOURCES, objects, strict=True)
+            ]
+        )
         # Link beside the target and rename: processes starting together never load half a file.
         partial = str(Path(work) / target.name)
-        _run([compiler, *LINK_FLAGS, "-o", partial, *objects])
+        _run([[compiler, *LINK_FLAGS, "-o", partial, *objects]])
         os.replace(partial, target)
 
 
