@@ -262,7 +262,8 @@ class LLMEngine:
             if finished:
                 self.scheduler.finish(seq)
             deltas.append(self._delta(seq, [token]))
-        deltas += [self._accept(seq, tokens) for seq, tokens in verified]
+        for seq, tokens in verified:
+            deltas += self._accept(seq, tokens)
         if self.proposer is not None:
             running = self.scheduler.running
             for seq in running:
@@ -302,24 +303,26 @@ class LLMEngine:
             verified.append((seq, tokens))
         return plain, plain_rows, verified
 
-    def _accept(self, seq: Sequence, tokens: list[int]) -> RequestDelta:
+    def _accept(self, seq: Sequence, tokens: list[int]) -> list[RequestDelta]:
         """Append a verifying sequence's tokens (the drafts it kept, then one of the
-        model's own), up to where it stops; the rejected drafts' cache slots are the
-        next step's to write."""
+        model's own) up to where it stops, one delta each: every delta downstream
+        carries one token, so a regenerated job's events group its tokens as any other
+        attempt's do. The rejected drafts' cache slots are the next step's to write."""
         drafts, seq.draft_token_ids = seq.draft_token_ids, []
-        accepted = len(tokens) - 1
-        self.spec_stats.record(len(drafts), accepted)
-        computed = seq.num_tokens + accepted  # the last token and the kept drafts
-        new_tokens = []
-        for token in tokens:
-            new_tokens.append(token)
-            if append_token(seq, token, None, self.eos_token_ids, self.max_model_len):
+        self.spec_stats.record(len(drafts), len(tokens) - 1)
+        computed = seq.num_tokens + len(tokens) - 1  # the last token and the kept drafts
+        deltas = []
+        for position, token in enumerate(tokens):
+            finished = append_token(seq, token, None, self.eos_token_ids, self.max_model_len)
+            if finished or position == len(tokens) - 1:
+                seq.num_computed_tokens = min(computed, seq.num_tokens)
+                self.block_manager.register_computed_blocks(seq)
+            if finished:
+                self.scheduler.finish(seq)
+            deltas.append(self._delta(seq, [token]))
+            if finished:
                 break
-        seq.num_computed_tokens = min(computed, seq.num_tokens)
-        self.block_manager.register_computed_blocks(seq)
-        if seq.finish_reason is not None:
-            self.scheduler.finish(seq)
-        return self._delta(seq, new_tokens)
+        return deltas
 
     def _delta(self, seq: Sequence, new_tokens: list[int]) -> RequestDelta:
         if seq.is_finished:

@@ -161,3 +161,26 @@ def test_no_speculation_above_the_batch_size_threshold(tiny_models) -> None:
     assert llm.engine.spec_stats.num_drafts == 0  # seven requests ran together throughout
     llm.generate(requests[:1], params)
     assert llm.engine.spec_stats.num_drafts > 0  # alone, it speculates
+
+
+def test_every_delta_carries_one_token_in_order(tiny_models) -> None:
+    """Downstream (the worker's events, readers' de-duplication by index) a step's
+    kept drafts arrive as consecutive one-token deltas, as without speculation."""
+    folder, _ = tiny_models["llama-untied"]
+    llm = LLM(str(folder), max_num_seqs=8, speculative_config=NGRAM)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    for i, prompt in enumerate(_copying_prompts(seed=3)):
+        engine.add_request(str(i), prompt, params)
+    indexes: dict[str, list[int]] = {}
+    most_in_a_step = 0
+    while engine.has_unfinished_requests():
+        deltas = engine.step()
+        per_request: dict[str, int] = {}
+        for delta in deltas:
+            assert len(delta.new_token_ids) == 1
+            indexes.setdefault(delta.request_id, []).append(delta.token_index)
+            per_request[delta.request_id] = per_request.get(delta.request_id, 0) + 1
+        most_in_a_step = max([most_in_a_step, *per_request.values()])
+    assert all(found == list(range(20)) for found in indexes.values())
+    assert most_in_a_step > 1  # some step kept drafts
