@@ -130,7 +130,14 @@ def smollm2_fleet(services, smollm2_path, tmp_path_factory):
     redis = start_redis()
     prefix, common = fleet_flags((services[0], redis))
     logs = tmp_path_factory.mktemp("smollm2-fleet")
-    worker = FleetProcess("worker", [*common, "--model", str(smollm2_path)], logs / "worker.log")
+    # The worker speculates (n-gram drafts): every request these tests send goes through
+    # verification where it may, so the OpenAI routes' guarantees are checked with it on.
+    speculation = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    worker = FleetProcess(
+        "worker",
+        [*common, "--model", str(smollm2_path), "--speculative-config", speculation],
+        logs / "worker.log",
+    )
     api = ApiProcess([*common, "--model", MODEL], logs / "api.log")
     yield SmolFleet(api, prefix, redis.address)
     api.stop()
