@@ -11,6 +11,11 @@ KV_CACHE_DTYPES = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` as ``bfloat16``: the name logs, metrics and tables show."""
+    return str(dtype).removeprefix("torch.")
+
+
 def cpu_has_bf16_dot_products() -> bool:
     """AVX512-BF16 or AMX: where bf16 matmuls run natively instead of being emulated."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

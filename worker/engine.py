@@ -12,6 +12,7 @@ from queue_schemas.sampling import SamplingOptions
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer
+from worker.device import dtype_name
 from worker.generation_config import describe as describe_defaults
 from worker.generation_config import generation_config_folder, sampling_defaults
 from worker.kv_sizing import describe
@@ -100,7 +101,7 @@ class LLMEngine:
         log.info(
             "%s, in %s",
             describe(self.runner.num_blocks, config.block_size, self.max_model_len),
-            str(self.runner.kv_cache.dtype).removeprefix("torch."),
+            dtype_name(self.runner.kv_cache.dtype),
         )
         log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
         log.info(describe_defaults(self.sampling_defaults))

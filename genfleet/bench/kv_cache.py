@@ -16,8 +16,9 @@ from transformers import PreTrainedTokenizerBase
 
 from genfleet.bench.engine_driver import run_engine
 from genfleet.bench.weights import QUESTIONS, agreement, decode_tokens_per_s, greedy_replies
-from genfleet.bench.workloads import make_workload
+from genfleet.bench.workloads import chat_prompt, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
+from worker.device import dtype_name
 from worker.model_runner import kv_bytes_per_block
 
 CACHES = ("auto", "fp8", "fp8_e5m2")
@@ -59,12 +60,7 @@ def run_kv_cache(
     for cache in reversed(CACHES):
         console.print(f"[dim]burst: {cache}[/dim]")
         throughput[cache] = run_engine(engines[cache], burst, cache).output_tokens_per_s
-    chats = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )["input_ids"]
-        for q in QUESTIONS
-    ]
+    chats = [chat_prompt(tokenizer, q) for q in QUESTIONS]
     replies = {cache: greedy_replies(engine, chats) for cache, engine in engines.items()}
     largest = {}
     for cache, config in configs.items():
@@ -82,7 +78,7 @@ def run_kv_cache(
         )
         table.add_row(
             cache,
-            str(engine.runner.kv_cache.dtype).removeprefix("torch."),
+            dtype_name(engine.runner.kv_cache.dtype),
             f"{per_token / 1024:.1f}",
             str(engine.runner.num_blocks),
             str(largest[cache]),

@@ -21,7 +21,7 @@ from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
 from genfleet.bench.weights import QUESTIONS
-from genfleet.bench.workloads import english_passages, make_workload
+from genfleet.bench.workloads import chat_prompt, english_passages, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.config import SpeculativeConfig
 
@@ -41,16 +41,6 @@ def _copying_messages() -> list[str]:
         f"Fix the typos in this text and return all of it:\n\n{typos}",
         f"Rename the variable `lines` to `rows` and return the whole function:\n\n{source}",
     ]
-
-
-def _chats(tokenizer: PreTrainedTokenizerBase, contents: list[str]) -> list[list[int]]:
-    return [
-        list(tokenizer.apply_chat_template(
-            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
-            return_dict=False,
-        ))
-        for c in contents
-    ]  # fmt: skip
 
 
 def _one_at_a_time(engine: LLMEngine, prompts: list[list[int]]) -> tuple[int, float]:
@@ -91,9 +81,11 @@ def run_speculative(
     }
     burst = make_workload("burst", tokenizer, seed)
     wide = [make_workload("burst", tokenizer, seed + s) for s in range(4)]
+    copying = [chat_prompt(tokenizer, c) for c in _copying_messages()]
+    chats = [chat_prompt(tokenizer, q) for q in QUESTIONS[:4]]
     workloads = {
-        "copying (batch 1)": lambda e: _one_at_a_time(e, _chats(tokenizer, _copying_messages())),
-        "chat (batch 1)": lambda e: _one_at_a_time(e, _chats(tokenizer, list(QUESTIONS[:4]))),
+        "copying (batch 1)": lambda e: _one_at_a_time(e, copying),
+        "chat (batch 1)": lambda e: _one_at_a_time(e, chats),
         "burst (20)": lambda e: _all_at_once(
             e, [r.prompt_token_ids for r in burst], [r.output_len for r in burst]
         ),

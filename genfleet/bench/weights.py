@@ -16,7 +16,7 @@ from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
 from genfleet.bench.engine_driver import run_engine
-from genfleet.bench.workloads import make_workload
+from genfleet.bench.workloads import chat_prompt, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
 from worker.model_fetch import KNOWN_MODELS, fetch_model, packaged_gguf
 
@@ -86,12 +86,7 @@ def run_weights(name: str, tokenizer: PreTrainedTokenizerBase, seed: int, consol
     for label, (model, dtype) in _forms(name).items():
         engines[label] = LLMEngine(EngineConfig(model=str(model), dtype=dtype, seed=seed))
     prompt = tokenizer.encode("Tell me a long story about a lighthouse keeper.")
-    chats = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )["input_ids"]
-        for q in QUESTIONS
-    ]
+    chats = [chat_prompt(tokenizer, q) for q in QUESTIONS]
     decode: dict[str, list[float]] = {label: [] for label in engines}
     for round_ in range(ROUNDS):
         order = list(engines) if round_ % 2 == 0 else list(reversed(engines))

@@ -23,6 +23,15 @@ def english_passages() -> list[str]:
     return [text for _, text in sorted(topics.items()) if len(text) > 2000]
 
 
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, content: str) -> list[int]:
+    """One user message, chat-templated, as the model's prompt."""
+    messages = [{"role": "user", "content": content}]
+    ids = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    return list(ids)
+
+
 def _prompt(
     tokenizer: PreTrainedTokenizerBase, rng: random.Random, passages: list[str]
 ) -> list[int]:
@@ -32,13 +41,10 @@ def _prompt(
     # Grow the excerpt until the templated prompt reaches its target length.
     for n in range(40, 400, 5):
         excerpt = " ".join(words[start : start + n])
-        messages = [{"role": "user", "content": f"Summarize this passage:\n\n{excerpt}"}]
-        ids = tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=False
-        )
+        ids = chat_prompt(tokenizer, f"Summarize this passage:\n\n{excerpt}")
         if len(ids) >= target:
-            return list(ids[:target])
-    return list(ids)
+            return ids[:target]
+    return ids
 
 
 def make_workload(

@@ -7,11 +7,7 @@ results to bf16 where the native ops round once.
 """
 
 import logging
-import os
 import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +16,7 @@ import torch.nn.functional as F
 from kernels import dispatch, native, reference
 from kernels.native import build
 from kernels.native.linear import PackedBf16Weight, bf16_linear, bf16_linear_available
+from tests.kernels.native_builds import run_built_for
 from tests.kernels.paged_cases import dense_attention, make_case
 
 if not dispatch._native_builds():
@@ -208,15 +205,7 @@ print("ok")
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 feature levels")
 def test_a_build_for_cpus_without_avx512_takes_the_plain_paths(tmp_path) -> None:
     """GENFLEET_NATIVE_MARCH=x86-64-v3 (AVX2): the AVX-512 code is left out, not broken."""
-    env = {**os.environ, "GENFLEET_CACHE_DIR": str(tmp_path), "GENFLEET_NATIVE_MARCH": "x86-64-v3"}
-    result = subprocess.run(
-        [sys.executable, "-c", BASELINE_CHECK],
-        env=env,
-        cwd=Path(__file__).parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_built_for("x86-64-v3", BASELINE_CHECK, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 

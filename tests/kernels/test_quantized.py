@@ -5,9 +5,6 @@ in registers, is within fp32 summation error)."""
 
 import os
 import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +14,7 @@ from gguf import GGMLQuantizationType, quants
 from kernels import dispatch
 from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
 from kernels.reference import quantized as reference
+from tests.kernels.native_builds import run_built_for
 from tests.kernels.quantized_cases import (
     SHAPES,
     activation_bound,
@@ -102,16 +100,8 @@ def test_leading_dims_are_kept() -> None:
 def test_a_build_without_avx2_is_within_the_bound(tmp_path) -> None:
     """The plain C++ path (no AVX2, no F16C). The AVX2 build is checked with the other
     kernels' (tests/kernels/test_native.py)."""
-    env = {**os.environ, "GENFLEET_CACHE_DIR": str(tmp_path), "GENFLEET_NATIVE_MARCH": "x86-64"}
     script = "from tests.kernels.quantized_cases import check_native_against_reference as c; c()"
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=Path(__file__).parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_built_for("x86-64", script, tmp_path)
     assert result.returncode == 0, result.stderr
 
 

@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from worker.device import dtype_name
+
 
 @dataclass(frozen=True)
 class WeightFootprint:
@@ -24,5 +26,5 @@ def weight_footprint(model: nn.Module) -> WeightFootprint:
             total += stored[1]
     floats = {p.dtype for p in model.parameters()}
     total += sum(p.numel() * p.element_size() for p in model.parameters())
-    names = sorted(formats) + sorted(str(dtype).removeprefix("torch.") for dtype in floats)
+    names = sorted(formats) + sorted(dtype_name(dtype) for dtype in floats)
     return WeightFootprint("+".join(names), total)

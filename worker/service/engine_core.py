@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from queue_schemas.logs import configure_logging
+from worker.device import dtype_name
 from worker.engine import LLMEngine
 from worker.outputs import RequestDelta
 from worker.service.engine_protocol import (
@@ -103,7 +104,7 @@ class EngineCore:
                 self.load(),
                 engine.max_model_len,
                 engine.config.block_size,
-                str(engine.runner.kv_cache.dtype).removeprefix("torch."),
+                dtype_name(engine.runner.kv_cache.dtype),
                 engine.weights.formats,
                 engine.weights.bytes,
             )
