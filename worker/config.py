@@ -22,13 +22,17 @@ DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
 
 class SpeculativeConfig(BaseModel):
-    """vLLM's ``speculative_config``: draft tokens proposed from the sequence itself
-    (``ngram``: the tokens that followed the latest earlier occurrence of its last
-    ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens), verified in one step."""
+    """vLLM's ``speculative_config``: draft tokens verified in one step, proposed from
+    the sequence itself (``ngram``: the tokens that followed the latest earlier
+    occurrence of its last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens) or by
+    a smaller model with the same vocabulary (``draft_model``, given as ``model``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["ngram"] = "ngram"
+    method: Literal["ngram", "draft_model"] | None = Field(
+        None, description="ngram, or draft_model (the default when a model is given)"
+    )
+    model: str | None = Field(None, description="the draft model: folder, GGUF or known name")
     num_speculative_tokens: int = Field(ge=1, le=16)
     prompt_lookup_max: int = Field(4, ge=1, le=64)
     prompt_lookup_min: int = Field(1, ge=1, le=64)
@@ -37,9 +41,15 @@ class SpeculativeConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _lookup_range(self) -> "SpeculativeConfig":
+    def _consistent(self) -> "SpeculativeConfig":
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        if self.method is None:
+            self.method = "ngram" if self.model is None else "draft_model"
+        if self.method == "draft_model" and self.model is None:
+            raise ValueError('method "draft_model" needs "model": the draft model to run')
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError('method "ngram" takes no "model": proposals come from the prompt')
         return self
 
 
@@ -110,7 +120,8 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = Field(
         None,
         description='speculative decoding, as JSON: \'{"method": "ngram", '
-        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (greedy requests)',
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or a draft model with the '
+        'same vocabulary: \'{"model": "FOLDER", "num_speculative_tokens": 4}\'',
     )
     override_generation_config: dict[str, Any] | None = Field(
         None,

@@ -13,28 +13,26 @@ from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer
 from worker.device import dtype_name
+from worker.draft_proposer import DraftModelProposer, load_draft_model
 from worker.generation_config import describe as describe_defaults
 from worker.generation_config import generation_config_folder, sampling_defaults
 from worker.kv_sizing import describe
 from worker.model_fetch import resolve_model
-from worker.model_runner import ModelRunner
+from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.models.footprint import weight_footprint
 from worker.models.gguf import is_gguf_file, load_gguf_tokenizer
 from worker.models.loader import load_config, load_model
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
-from worker.sampler import probabilities, sample
+from worker.sampler import sample
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
-from worker.speculative import (
-    NgramProposer,
-    SpecDecodeStats,
-    accepted_drafts,
-    rejection_sample,
-)
+from worker.speculative import NgramProposer, Proposer, SpecDecodeStats, verify
 from worker.structured_output import Grammars
 
 Prompt = str | list[int] | dict
+# A verifying sequence, the tokens it takes, and their logprobs.
+Verified = tuple[Sequence, list[int], list[dict[int, float] | None]]
 log = logging.getLogger("genfleet.engine")
 
 
@@ -95,7 +93,13 @@ class LLMEngine:
         # Grammar masks: seconds spent and steps that had any (the bench reports the cost).
         self.mask_seconds = 0.0
         self.masked_steps = 0
-        self.runner = ModelRunner(config, model, self.max_model_len)
+        spec = config.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft, draft_path = load_draft_model(config, self.max_model_len, self.vocab_size)
+            log.info("draft model: %s (%s)", weight_footprint(draft).describe(), draft_path.name)
+        draft_bytes = 0 if draft is None else kv_bytes_per_block(draft, config)
+        self.runner = ModelRunner(config, model, self.max_model_len, draft_bytes)
         self.weights = weight_footprint(model)
         log.info("%s (%s)", self.weights.describe(), model_path.name)
         log.info(
@@ -109,8 +113,19 @@ class LLMEngine:
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.block_manager)
-        spec = config.speculative_config
-        self.proposer = None if spec is None else NgramProposer(spec, self.max_model_len)
+        self.proposer: Proposer | None = None
+        if draft is not None:
+            assert spec is not None
+            self.proposer = DraftModelProposer(
+                spec,
+                config,
+                draft,
+                self.block_manager,
+                self.scheduler.reserved_blocks,
+                self.max_model_len,
+            )
+        elif spec is not None:
+            self.proposer = NgramProposer(spec, self.max_model_len)
         self.spec_stats = SpecDecodeStats()
         self.last_batch = SchedulerOutput()  # what the latest step ran, for metrics
         self.requests: dict[str, Sequence] = {}
@@ -259,24 +274,23 @@ class LLMEngine:
             if not seq.draft_token_ids:
                 self.block_manager.register_computed_blocks(seq)
         for seq, token, logprobs in zip(plain, result.token_ids, result.logprobs, strict=True):
+            seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens, seq.num_tokens)
             finished = append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
             if finished:
                 self.scheduler.finish(seq)
             deltas.append(self._delta(seq, [token]))
-        for seq, tokens in verified:
-            deltas += self._accept(seq, tokens)
+        for seq, tokens, kept_logprobs in verified:
+            deltas += self._accept(seq, tokens, kept_logprobs)
         if self.proposer is not None:
-            running = self.scheduler.running
-            for seq in running:
-                if seq.num_computed_tokens == seq.num_tokens - 1:  # decoding, not prefilling
-                    seq.draft_token_ids = self.proposer.propose(seq, len(running))
+            self.proposer.propose(self.scheduler.running)
         return deltas
 
     def _split_rows(
         self, logits: torch.Tensor, sampling: list[Sequence]
-    ) -> tuple[list[Sequence], list[int], list[tuple[Sequence, list[int]]]]:
+    ) -> tuple[list[Sequence], list[int], list[Verified]]:
         """The sequences that sample one token, and their logits rows; and those that
-        verify drafts, with the tokens they take (drafts kept, then the model's own)."""
+        verify drafts, with the tokens they take (drafts kept, then the model's own) and
+        their logprobs."""
         plain: list[Sequence] = []
         plain_rows: list[int] = []
         verifying: list[tuple[Sequence, int]] = []
@@ -290,21 +304,18 @@ class LLMEngine:
             row += 1 + len(seq.draft_token_ids)
         if not verifying:
             return plain, plain_rows, []
-        choices = logits.argmax(dim=-1).tolist()  # a greedy row's argmax is its choice
+        # One argmax over every row: a greedy row without penalties or grammar chooses it.
+        choices = logits.argmax(dim=-1).tolist()
         verified = []
         for seq, first in verifying:
-            drafts, width = seq.draft_token_ids, 1 + len(seq.draft_token_ids)
-            if seq.params.greedy:
-                targets = choices[first : first + width]
-                accepted = accepted_drafts(drafts, targets)
-                tokens = [*drafts[:accepted], targets[accepted]]
-            else:
-                probs = probabilities(logits[first : first + width], [seq] * width)
-                tokens = rejection_sample(probs, drafts, seq.generator)
-            verified.append((seq, tokens))
+            width = 1 + len(seq.draft_token_ids)
+            rows = logits[first : first + width]
+            verified.append((seq, *verify(rows, seq, choices[first : first + width])))
         return plain, plain_rows, verified
 
-    def _accept(self, seq: Sequence, tokens: list[int]) -> list[RequestDelta]:
+    def _accept(
+        self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float] | None]
+    ) -> list[RequestDelta]:
         """Append a verifying sequence's tokens (the drafts it kept, then one of the
         model's own) up to where it stops, one delta each: every delta downstream
         carries one token, so a regenerated job's events group its tokens as any other
@@ -312,9 +323,11 @@ class LLMEngine:
         drafts, seq.draft_token_ids = seq.draft_token_ids, []
         self.spec_stats.record(len(drafts), len(tokens) - 1)
         computed = seq.num_tokens + len(tokens) - 1  # the last token and the kept drafts
+        # A draft model saw the drafts: its cache stands up to the last one kept.
+        seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens, computed)
         deltas = []
-        for position, token in enumerate(tokens):
-            finished = append_token(seq, token, None, self.eos_token_ids, self.max_model_len)
+        for position, (token, chosen) in enumerate(zip(tokens, logprobs, strict=True)):
+            finished = append_token(seq, token, chosen, self.eos_token_ids, self.max_model_len)
             if finished or position == len(tokens) - 1:
                 seq.num_computed_tokens = min(computed, seq.num_tokens)
                 self.block_manager.register_computed_blocks(seq)

@@ -13,7 +13,7 @@ from worker.kv_sizing import GIB, DeviceMemory, blocks_from_budget, gpu_blocks
 from worker.models.llama import LlamaForCausalLM, head_dim_of
 from worker.scheduler import SchedulerOutput
 from worker.sequence import Sequence
-from worker.step_buffers import StepBuffers
+from worker.step_buffers import Query, StepBuffers
 
 log = logging.getLogger("genfleet.engine")
 
@@ -47,13 +47,25 @@ def profile_batch(config: EngineConfig, max_model_len: int) -> SchedulerOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, max_model_len: int) -> None:
+    """``shared_bytes_per_block``: what each block costs beyond this model's K/V (a
+    draft model's cache on the same block ids), so both fit the KV budget. ``extra_rows``:
+    room in the step buffers past the token budget (a draft model's catch-up)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaForCausalLM,
+        max_model_len: int,
+        shared_bytes_per_block: int = 0,
+        extra_rows: int = 0,
+    ) -> None:
         self.config = config
         self.model = model
         self.max_model_len = max_model_len
         self.device = torch.device(config.device)
+        self.shared_bytes_per_block = shared_bytes_per_block
         self.buffers = StepBuffers(
-            max_tokens=config.max_num_batched_tokens,
+            max_tokens=config.max_num_batched_tokens + extra_rows,
             max_seqs=max_step_seqs(config, max_model_len),
             max_blocks_per_seq=cdiv(max_model_len, config.block_size),
             block_size=config.block_size,
@@ -77,7 +89,8 @@ class ModelRunner:
                 attention.calculate_scales = True
 
     def _plan_blocks(self) -> int:
-        config, per_block = self.config, kv_bytes_per_block(self.model, self.config)
+        config = self.config
+        per_block = kv_bytes_per_block(self.model, config) + self.shared_bytes_per_block
         if config.num_gpu_blocks_override:
             return config.num_gpu_blocks_override
         if self.device.type != "cuda":
@@ -153,4 +166,11 @@ class ModelRunner:
             assert self.graphs is not None
             inputs = self.buffers.fill(batch, pad_to=size)
             hidden = self.graphs.replay(size)
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+
+    @torch.inference_mode()
+    def run(self, queries: list[Query]) -> torch.Tensor:
+        """One eager forward over ``queries``; float32 logits of their sampled positions."""
+        inputs = self.buffers.fill_queries(queries)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))

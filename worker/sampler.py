@@ -49,10 +49,16 @@ def _token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) 
     return counts.scatter_add_(1, ids, present)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Repetition (prompt and output, as in HF), presence and frequency (output only, as OpenAI)."""
+def apply_penalties(
+    logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]] | None = None
+) -> torch.Tensor:
+    """Repetition (prompt and output, as in HF), presence and frequency (output only, as
+    OpenAI). ``outputs``: each row's output so far, where it is not its sequence's own
+    (a verifying row counts the drafts before it)."""
     vocab, device = logits.shape[1], logits.device
-    output_counts = _token_counts([s.output_token_ids for s in seqs], vocab, device)
+    if outputs is None:
+        outputs = [s.output_token_ids for s in seqs]
+    output_counts = _token_counts(outputs, vocab, device)
     prompt_counts = _token_counts([s.prompt_token_ids for s in seqs], vocab, device)
     seen = (output_counts + prompt_counts) > 0
     repetition = _column(seqs, "repetition_penalty", device).float()[:, None]
@@ -90,6 +96,13 @@ def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tenso
         if seq.generator is not None:
             noise[row].exponential_(generator=seq.generator)
     return noise
+
+
+def token_logprobs(
+    raw_logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]
+) -> list[dict[int, float] | None]:
+    """Each row's logprobs (its token's and the top alternatives), as ``sample`` gives them."""
+    return _to_host(raw_logits, seqs, torch.tensor(tokens, device=raw_logits.device)).logprobs
 
 
 def _to_host(raw_logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor) -> SampleResult:

@@ -123,7 +123,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.scheduled_time is None:
                 seq.scheduled_time = time.time()
-            seq.num_computed_tokens = num_cached
+            seq.num_computed_tokens = seq.num_draft_computed_tokens = num_cached
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = num_cached
             bisect.insort(self.running, seq, key=lambda s: s.order_key)

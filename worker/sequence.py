@@ -57,6 +57,8 @@ class Sequence:
     # Speculative decoding: tokens proposed to follow token_ids, run (and verified)
     # with the next step's query.
     draft_token_ids: list[int] = field(default_factory=list)
+    # A draft model's cache holds token_ids[:num_draft_computed_tokens] (draft_proposer).
+    num_draft_computed_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

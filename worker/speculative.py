@@ -16,19 +16,24 @@ if not, the token comes from p with the draft's mass removed, renormalised; afte
 k kept drafts the next token comes from p. Each position's token is then
 distributed exactly as p, and a seeded request draws from its own generator.
 
-Which sequences speculate: those with nothing that a per-position choice would
-have to replay (no penalties, which depend on the tokens before each position;
-no grammar, whose state would have to advance through the drafts; no logprobs;
-no ``min_tokens``). Others decode as before, in the same batch.
+Every sequence speculates, whatever its sampling asks: each verifying position is
+scored as a one-token step there would be. Penalties count the drafts before the
+position as output; a grammar's mask at a position is its state after the drafts
+before it (proposals are cut to what the grammar takes, short of its end);
+logprobs are the target's at each position kept; ``min_tokens`` and stops are
+checked token by token as the kept tokens are appended.
 """
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from worker.config import SpeculativeConfig
+from worker.sampler import apply_penalties, probabilities, token_logprobs
 from worker.sequence import Sequence
+from worker.structured_output import masks_along
 
 
 def propose_ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -44,20 +49,6 @@ def propose_ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
             start = int(matches[-1]) + n
             return ids[start : start + k].tolist()
     return []
-
-
-def speculates(seq: Sequence) -> bool:
-    """Whether a sequence's choice at each position depends on that position's logits
-    alone."""
-    params = seq.params
-    return (
-        params.repetition_penalty in (None, 1.0)
-        and not params.presence_penalty
-        and not params.frequency_penalty
-        and params.logprobs is None
-        and seq.constraint is None
-        and params.min_tokens == 0
-    )
 
 
 def accepted_drafts(drafts: list[int], targets: list[int]) -> int:
@@ -107,23 +98,79 @@ class SpecDecodeStats:
             self.accepted_per_position[position] += 1
 
 
+def draft_room(config: SpeculativeConfig, seq: Sequence, max_model_len: int) -> int:
+    """How many drafts ``seq`` may take next step: never more than its remaining
+    ``max_tokens`` (less the model's own token) or context."""
+    room = max_model_len - seq.num_tokens - 1
+    if seq.params.max_tokens is not None:
+        room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+    return max(0, min(config.num_speculative_tokens, room))
+
+
+def keep_to_grammar(seq: Sequence) -> None:
+    """Cut a constrained sequence's drafts to those its grammar takes."""
+    if seq.constraint is not None and seq.draft_token_ids:
+        del seq.draft_token_ids[seq.constraint.accepted_prefix(seq.draft_token_ids) :]
+
+
+def verify(
+    logits: torch.Tensor, seq: Sequence, choices: list[int] | None
+) -> tuple[list[int], list[dict[int, float] | None]]:
+    """The tokens a verifying sequence takes (drafts kept, then one of the model's own)
+    and their logprobs where asked. ``logits`` [k + 1, vocab] are the model's raw rows
+    at its positions; ``choices`` their argmax, when already at hand."""
+    drafts = seq.draft_token_ids
+    rows = [seq] * (len(drafts) + 1)
+    scored = logits
+    if seq.constraint is not None:
+        scored = masks_along(scored, seq.constraint, drafts)
+    if seq.params.uses_penalties:
+        outputs = seq.output_token_ids
+        scored = apply_penalties(scored, rows, [outputs + drafts[:j] for j in range(len(rows))])
+    if not seq.params.greedy:
+        tokens = rejection_sample(probabilities(scored, rows), drafts, seq.generator)
+    else:
+        if scored is not logits or choices is None:
+            choices = scored.argmax(dim=-1).tolist()
+        accepted = accepted_drafts(drafts, choices)
+        tokens = [*drafts[:accepted], choices[accepted]]
+    if seq.params.logprobs is None:
+        return tokens, [None] * len(tokens)
+    return tokens, token_logprobs(logits[: len(tokens)], rows[: len(tokens)], tokens)
+
+
+def speculation_off(config: SpeculativeConfig, running: list[Sequence]) -> bool:
+    """A step too full to speculate (``disable_by_batch_size``)."""
+    limit = config.disable_by_batch_size
+    return limit is not None and len(running) > limit
+
+
+def is_decoding(seq: Sequence) -> bool:
+    """Past its prefill: only its newest token waits for the model."""
+    return seq.num_computed_tokens == seq.num_tokens - 1
+
+
+class Proposer(Protocol):
+    def propose(self, running: list[Sequence]) -> None:
+        """Set ``draft_token_ids`` of the running sequences after a step (a sequence
+        that still holds drafts was not scheduled: they stand)."""
+
+
 class NgramProposer:
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
 
-    def propose(self, seq: Sequence, running: int) -> list[int]:
-        """Drafts for ``seq``'s next step, none where it may not speculate; never more
-        than its remaining ``max_tokens`` (less the model's own token) or context."""
+    def propose(self, running: list[Sequence]) -> None:
         config = self.config
-        if config.disable_by_batch_size is not None and running > config.disable_by_batch_size:
-            return []
-        if not speculates(seq):
-            return []
-        room = self.max_model_len - seq.num_tokens - 1
-        if seq.params.max_tokens is not None:
-            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-        k = min(config.num_speculative_tokens, room)
-        if k <= 0:
-            return []
-        return propose_ngram(seq.token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max)
+        if speculation_off(config, running):
+            return
+        for seq in running:
+            if seq.draft_token_ids:
+                continue  # left out of the last step: its drafts still stand
+            k = draft_room(config, seq, self.max_model_len) if is_decoding(seq) else 0
+            if k:
+                seq.draft_token_ids = propose_ngram(
+                    seq.token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max
+                )
+                keep_to_grammar(seq)

@@ -24,6 +24,17 @@ from worker.scheduler import SchedulerOutput
 
 
 @dataclass
+class Query:
+    """One sequence's part of a forward: ``token_ids`` from position ``start`` on, its
+    cache blocks, and how many of its last positions' logits are wanted."""
+
+    token_ids: list[int]
+    start: int
+    block_ids: list[int]
+    num_samples: int
+
+
+@dataclass
 class StepInputs:
     """Views of the device buffers for one step (padding rows included)."""
 
@@ -90,28 +101,34 @@ class StepBuffers:
         self._sample_rows = h.sample_rows.numpy()
 
     def fill(self, batch: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
-        """Lay out the step; with ``pad_to``, a decode step padded to that many rows."""
-        num_seqs = len(batch.seqs)
-        input_ids: list[int] = []
-        first_positions: list[int] = []
-        samples = 0
-        for row, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+        """Lay out a scheduled step; with ``pad_to``, a decode step padded to that many rows."""
+        queries = []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start = seq.num_computed_tokens
             drafts = seq.draft_token_ids
-            input_ids.extend(seq.token_ids[start : start + num_new])
-            input_ids.extend(drafts[: max(0, start + num_new - seq.num_tokens)])  # verifying
-            first_positions.append(start)
-            self._tables[row, : len(seq.block_ids)] = seq.block_ids
-            if start + num_new == seq.num_tokens + len(drafts):
-                # The last token samples; with drafts, every position they take verifies.
-                for back in range(len(drafts), -1, -1):
-                    self._sample_rows[samples] = len(input_ids) - 1 - back
-                    samples += 1
+            tokens = seq.token_ids[start : start + num_new]
+            tokens += drafts[: max(0, start + num_new - seq.num_tokens)]  # verifying
+            # The last token samples; with drafts, every position they take verifies.
+            sampling = start + num_new == seq.num_tokens + len(drafts)
+            queries.append(Query(tokens, start, seq.block_ids, 1 + len(drafts) if sampling else 0))
+        return self.fill_queries(queries, pad_to)
+
+    def fill_queries(self, queries: list[Query], pad_to: int | None = None) -> StepInputs:
+        """Lay out one forward over ``queries``, each a run of one sequence's tokens."""
+        num_seqs = len(queries)
+        input_ids: list[int] = []
+        samples = 0
+        for row, query in enumerate(queries):
+            input_ids.extend(query.token_ids)
+            self._tables[row, : len(query.block_ids)] = query.block_ids
+            for back in range(query.num_samples - 1, -1, -1):
+                self._sample_rows[samples] = len(input_ids) - 1 - back
+                samples += 1
         num_tokens = len(input_ids)
-        counts = np.asarray(batch.num_new_tokens, dtype=np.int64)
+        counts = np.fromiter((len(q.token_ids) for q in queries), np.int64, num_seqs)
         self._starts[0] = 0
         np.cumsum(counts, out=self._starts[1 : num_seqs + 1])
-        starts = np.asarray(first_positions, dtype=np.int64)
+        starts = np.fromiter((q.start for q in queries), np.int64, num_seqs)
         self._seq_lens[:num_seqs] = starts + counts
         # Each token's position: its sequence's first new position plus its offset.
         seq_of_token = np.repeat(np.arange(num_seqs), counts)

@@ -84,6 +84,23 @@ class GrammarState:
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
+    def accepted_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar takes in a row from here, short of one that
+        would end it (nothing may follow an ended grammar, not even a verifying row);
+        the state is left as it was."""
+        taken = 0
+        for token in tokens:
+            if not self.matcher.accept_token(token):
+                break
+            taken += 1
+            if self.matcher.is_terminated():
+                taken -= 1
+                self.matcher.rollback(1)
+                break
+        if taken:
+            self.matcher.rollback(taken)
+        return taken
+
 
 class Constrained(Protocol):
     """What the mask needs of a sequence."""
@@ -176,6 +193,24 @@ class Grammars:
 
     def state(self, constraint: StructuredOutputs) -> GrammarState:
         return GrammarState(self.compile(constraint))
+
+
+def masks_along(logits: torch.Tensor, state: GrammarState, drafts: list[int]) -> torch.Tensor:
+    """A verifying sequence's logits [len(drafts) + 1, vocab], row j masked by its
+    grammar as it stands after ``drafts[:j]`` (which the grammar takes: the proposer
+    cut them to ``accepted_prefix``); the state is left as it was."""
+    import xgrammar
+
+    bitmask = xgrammar.allocate_token_bitmask(len(drafts) + 1, logits.shape[1])
+    for row, token in enumerate(drafts):
+        state.fill_mask(bitmask, row)
+        state.accept(token)
+    state.fill_mask(bitmask, len(drafts))
+    if drafts:
+        state.matcher.rollback(len(drafts))
+    masked = logits.clone()
+    xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device, non_blocking=True))
+    return masked
 
 
 def apply_masks(logits: torch.Tensor, rows: Many[Constrained]) -> torch.Tensor:

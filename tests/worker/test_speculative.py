@@ -6,11 +6,13 @@ import random
 import pytest
 import torch
 
+from queue_schemas.sampling import SamplingOptions
 from tests.conftest import build_tiny_model
 from tests.worker.test_parity import SCENARIOS, TINY_VOCAB
 from worker import LLM, SamplingParams
 from worker.config import EngineConfig, SpeculativeConfig
-from worker.speculative import SpecDecodeStats, accepted_drafts, propose_ngram
+from worker.sequence import Sequence
+from worker.speculative import SpecDecodeStats, accepted_drafts, propose_ngram, verify
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
@@ -41,6 +43,12 @@ def test_a_lookup_range_upside_down_is_refused() -> None:
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=4, prompt_lookup_max=2)
     assert EngineConfig(speculative_config=NGRAM).speculative_config.num_speculative_tokens == 4
+    draft = SpeculativeConfig(model="folder", num_speculative_tokens=2)
+    assert draft.method == "draft_model"  # a model given: vLLM's default method for it
+    with pytest.raises(ValueError, match='needs "model"'):
+        SpeculativeConfig(method="draft_model", num_speculative_tokens=2)
+    with pytest.raises(ValueError, match='takes no "model"'):
+        SpeculativeConfig(method="ngram", model="folder", num_speculative_tokens=2)
 
 
 def _copying_prompts(seed: int) -> list[list[int]]:
@@ -53,21 +61,34 @@ def _copying_prompts(seed: int) -> list[list[int]]:
     return prompts + [[rng.randrange(3, TINY_VOCAB) for _ in range(n)] for n in (1, 17, 64)]
 
 
+def _proposer(name: str, tiny_models) -> dict:
+    """The speculative config of a proposer: n-gram lookup; the target itself as its
+    own draft model (all drafts right); another model of the vocabulary (most wrong)."""
+    if name == "ngram":
+        return NGRAM
+    draft = {"draft-self": "llama-untied", "draft-other": "mistral"}[name]
+    return {"model": str(tiny_models[draft][0]), "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft-self", "draft-other"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_greedy_output_is_identical_with_speculation(tiny_models, scenario) -> None:
+def test_greedy_output_is_identical_with_speculation(tiny_models, scenario, proposer) -> None:
     folder, _ = tiny_models["llama-untied"]
     prompts = _copying_prompts(seed=3)
     requests = [{"prompt_token_ids": p} for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     knobs = {"max_num_seqs": 8, **SCENARIOS[scenario]}
     expected = LLM(str(folder), **knobs).generate(requests, params)
-    llm = LLM(str(folder), speculative_config=NGRAM, **knobs)
+    llm = LLM(str(folder), speculative_config=_proposer(proposer, tiny_models), **knobs)
 
     outputs = llm.generate(requests, params)
 
     assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
     engine = llm.engine
-    assert engine.spec_stats.num_drafts > 0 and engine.spec_stats.num_accepted_tokens > 0
+    stats = engine.spec_stats
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+    if proposer == "draft-self":  # the draft is the target: every draft is its choice
+        assert stats.num_accepted_tokens == stats.num_draft_tokens
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     if scenario == "preemption":
         assert engine.scheduler.num_preemptions > 0
@@ -98,6 +119,53 @@ def test_stops_inside_a_drafted_run_end_where_they_would_without_one(tiny_models
     assert spec.engine.spec_stats.num_accepted_tokens > 0
 
 
+def test_penalties_logprobs_and_min_tokens_verify_as_they_decode(tiny_models) -> None:
+    """Each verifying position scored as a one-token step there: penalties counting the
+    drafts before it, the target's logprobs of each kept token, ``min_tokens`` holding
+    back a stop id that a draft reaches early."""
+    folder, _ = tiny_models["llama-untied"]
+    prompts = _copying_prompts(seed=11)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    plain = LLM(str(folder), max_num_seqs=8)
+    spec = LLM(str(folder), max_num_seqs=8, speculative_config=NGRAM)
+    greedy = {"temperature": 0, "max_tokens": 20, "ignore_eos": True}
+    reference = plain.generate(requests, SamplingParams(**greedy))
+    early_stop = reference[0].outputs[0].token_ids[2]
+    cases = [
+        SamplingParams(**greedy, repetition_penalty=1.05),
+        SamplingParams(**greedy, presence_penalty=0.1, frequency_penalty=0.05),
+        SamplingParams(**greedy, logprobs=3),
+        SamplingParams(**greedy, min_tokens=12, stop_token_ids=[early_stop]),
+    ]
+    for params in cases:
+        expected = plain.generate(requests, params)
+        before = spec.engine.spec_stats.num_accepted_tokens
+        outputs = spec.generate(requests, params)
+        assert spec.engine.spec_stats.num_accepted_tokens > before, params
+        for out, ref in zip(outputs, expected, strict=True):
+            got, want = out.outputs[0], ref.outputs[0]
+            assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason)
+            if params.logprobs is None:
+                continue
+            assert len(got.logprobs) == len(want.logprobs)
+            for mine, theirs in zip(got.logprobs, want.logprobs, strict=True):
+                assert mine.keys() == theirs.keys()
+                for token in theirs:
+                    assert mine[token] == pytest.approx(theirs[token], abs=1e-4)
+
+
+def test_a_penalty_counts_the_drafts_before_each_position() -> None:
+    """Token 2 leads token 3 by 0.1 at every position; a frequency penalty of 0.5 drops
+    it behind once one 2 precedes the position: the first draft 2 is kept, the second
+    is not (scored without the first, it would be)."""
+    params = SamplingOptions(temperature=0, frequency_penalty=0.5, max_tokens=8)
+    seq = Sequence("a", [0, 1], params, arrival_index=0)
+    seq.draft_token_ids = [2, 2]
+    logits = torch.tensor([[0.0, 0.0, 2.0, 1.9, 0.0]] * 3)
+    tokens, logprobs = verify(logits, seq, logits.argmax(dim=-1).tolist())
+    assert tokens == [2, 3] and logprobs == [None, None]
+
+
 def test_seeded_sampled_requests_speculate_and_repeat_their_draws(tiny_models) -> None:
     folder, _ = tiny_models["llama-untied"]
     requests = [{"prompt_token_ids": p} for p in _copying_prompts(seed=9)]
@@ -122,7 +190,8 @@ def _exact_second_token(model: torch.nn.Module, prompt: list[int], temperature: 
     return first @ second
 
 
-def test_sampled_tokens_follow_the_target_distribution(tmp_path) -> None:
+@pytest.mark.parametrize("proposer", ["ngram", "draft_model"])
+def test_sampled_tokens_follow_the_target_distribution(tmp_path, proposer) -> None:
     """Many seeds on a 16-token vocabulary: the second token (the first a verification
     decides: it always has a draft here) is distributed as the model says, within a
     total-variation bound that a rule keeping every draft breaks many times over."""
@@ -132,9 +201,11 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path) -> None:
     prompt = list(range(16)) * 2  # whatever comes first has occurred: a draft follows it
     temperature, n = 1.0, 3000
     exact = _exact_second_token(model, prompt, temperature)
-    llm = LLM(str(tmp_path / "tiny16"), max_num_seqs=256, speculative_config={
-        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
-        "prompt_lookup_min": 1})  # fmt: skip
+    spec: dict = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    if proposer == "draft_model":  # another model: its greedy drafts are often wrong
+        build_tiny_model("mistral", tmp_path / "draft16", vocab_size=16)
+        spec = {"model": str(tmp_path / "draft16"), "num_speculative_tokens": 2}
+    llm = LLM(str(tmp_path / "tiny16"), max_num_seqs=256, speculative_config=spec)
     params = [
         SamplingParams(temperature=temperature, seed=i, max_tokens=3, ignore_eos=True)
         for i in range(n)
@@ -149,6 +220,21 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path) -> None:
     # proposed, so its distribution is far from the model's.
     draft_share = llm.engine.spec_stats.num_accepted_tokens / n
     assert 0 < draft_share < 1
+
+
+def test_a_draft_model_shares_the_kv_budget_and_the_vocabulary(tiny_models, tmp_path) -> None:
+    folder, _ = tiny_models["llama-untied"]
+    budget = {"kv_cache_memory_gib": 0.001}
+    alone = LLM(str(folder), **budget).engine.block_manager.num_blocks
+    self_draft = {"model": str(folder), "num_speculative_tokens": 2}
+    shared = LLM(str(folder), speculative_config=self_draft, **budget).engine
+    # The same K/V size per block twice over: half the blocks, on one block table.
+    assert shared.block_manager.num_blocks == alone // 2
+    assert shared.proposer.runner.kv_cache.shape[2] == shared.runner.kv_cache.shape[2]
+    build_tiny_model("llama-tied", tmp_path / "other-vocab", vocab_size=TINY_VOCAB + 8)
+    other = {"model": str(tmp_path / "other-vocab"), "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="vocabulary of 392 tokens, the target's 384"):
+        LLM(str(folder), speculative_config=other)
 
 
 def test_no_speculation_above_the_batch_size_threshold(tiny_models) -> None:

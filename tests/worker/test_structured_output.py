@@ -167,6 +167,36 @@ def test_stop_tokens_are_allowed_only_where_the_grammar_may_end(llm: LLM) -> Non
     assert state.accept(eos) and state.terminated
 
 
+def test_drafts_are_cut_to_what_the_grammar_takes_short_of_its_end(llm: LLM) -> None:
+    grammars = llm.engine.grammars
+    assert grammars is not None
+    (eos,) = llm.engine.eos_token_ids
+    yes = llm.get_tokenizer().encode("yes", add_special_tokens=False)
+    state = grammars.state(StructuredOutputs(choice=["yes", "yesterday"]))
+    assert state.accepted_prefix([*yes, eos, *yes]) == len(yes)  # the end is not drafted
+    assert state.accepted_prefix([eos]) == 0  # outside the grammar
+    assert all(state.accept(token) for token in yes)  # the state stood where it was
+
+
+def test_constrained_requests_speculate_under_their_grammar(llm: LLM, chat_model: Path) -> None:
+    """n-gram drafts verified under each position's mask (the tiny chat model: fast
+    steps, SmolLM2's tokenizer): greedy output identical to decoding without drafts;
+    seeded sampling valid."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}
+    plain = LLM(str(chat_model), max_num_seqs=8)
+    spec = LLM(str(chat_model), max_num_seqs=8, speculative_config=ngram)
+    prompt = _chat(llm, PEOPLE[1])
+    greedy = _greedy({"json": PERSON}, 120)
+    expected = plain.generate([prompt], greedy)[0].outputs[0].text
+    assert spec.generate([prompt], greedy)[0].outputs[0].text == expected
+    assert spec.engine.spec_stats.num_accepted_tokens > 0
+    seeded = SamplingParams(
+        temperature=0.9, seed=5, max_tokens=120, structured_outputs={"json": PERSON}
+    )
+    out = spec.generate([prompt], seeded)[0].outputs[0]
+    assert out.finish_reason == "stop" and _valid_person(out.text)
+
+
 def test_a_batch_without_constraints_is_not_touched() -> None:
     class Row:
         constraint = None
