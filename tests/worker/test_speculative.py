@@ -154,6 +154,47 @@ def test_penalties_logprobs_and_min_tokens_verify_as_they_decode(tiny_models) ->
                     assert mine[token] == pytest.approx(theirs[token], abs=1e-4)
 
 
+def test_a_stop_string_inside_a_drafted_run_ends_the_text_there(chat_model) -> None:
+    """The tiny chat model (SmolLM2's tokenizer) as its own draft: every step is a run of
+    kept drafts, and a stop string taken from the middle of the reply ends it where it
+    would without speculation: text, tokens and stop reason."""
+    plain = LLM(str(chat_model))
+    spec = LLM(str(chat_model), speculative_config={"model": str(chat_model),
+                                                    "num_speculative_tokens": 4})  # fmt: skip
+    prompt = {"prompt": "one two three four five six seven eight nine ten " * 3}
+    greedy = {"temperature": 0, "max_tokens": 30, "ignore_eos": True}
+    reply = plain.generate([prompt], SamplingParams(**greedy))[0].outputs[0].text
+    middle = len(reply) // 2
+    params = SamplingParams(**greedy, stop=[reply[middle : middle + 3]])
+    want = plain.generate([prompt], params)[0].outputs[0]
+    got = spec.generate([prompt], params)[0].outputs[0]
+    assert want.finish_reason == "stop" and len(want.text) <= middle
+    assert got.text == want.text and got.token_ids == want.token_ids
+    assert got.stop_reason == want.stop_reason
+    assert spec.engine.spec_stats.num_accepted_tokens >= len(want.token_ids) // 2
+
+
+def test_aborting_a_request_that_holds_drafts_frees_its_blocks(tiny_models) -> None:
+    folder, _ = tiny_models["llama-untied"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = _copying_prompts(seed=3)[:4]
+    expected = LLM(str(folder)).generate([{"prompt_token_ids": p} for p in prompts], params)
+    engine = LLM(str(folder), speculative_config=_proposer("draft-self", tiny_models)).engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    while not engine.requests["0"].draft_token_ids:
+        engine.step()
+    assert engine.abort_request("0")
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            tokens.setdefault(delta.request_id, []).extend(delta.new_token_ids)
+    assert "0" not in engine.requests and tokens["0"] == []
+    for i in range(1, 4):  # the others go on as they would have
+        assert expected[i].outputs[0].token_ids[-len(tokens[str(i)]) :] == tokens[str(i)]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 def test_a_penalty_counts_the_drafts_before_each_position() -> None:
     """Token 2 leads token 3 by 0.1 at every position; a frequency penalty of 0.5 drops
     it behind once one 2 precedes the position: the first draft 2 is kept, the second
