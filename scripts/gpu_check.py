@@ -19,9 +19,12 @@ when ``OUT`` is set, else ``gpu_check.md``), a failing one recorded and passed:
    lower;
 4. decode step time, eager against graphs, at batch 1, 8, 32 and 64;
 5. paged attention's bandwidth against the device's peak and
-   ``scaled_dot_product_attention`` (goal: 70 % of peak at long contexts).
+   ``scaled_dot_product_attention`` (goal: 70 % of peak at long contexts);
+6. with two or more GPUs, tensor parallelism over two (NCCL): greedy parity of
+   a random Llama (16 heads, 4 KV heads) against transformers, and output
+   tokens/s of 32 requests at ``tensor_parallel_size`` 1 and 2.
 
-``--device cpu`` is a dry run of sections 2-4 here, to find a broken script
+``--device cpu`` is a dry run of sections 2-4 and 6 (gloo) here, to find a broken script
 before it spends GPU time (its figures say nothing about a GPU).
 
 The GPU machine has torch, triton, transformers, pytest and rich but no
@@ -343,6 +346,49 @@ class Report:
         self.path.write_text(self.text)
 
 
+def tensor_parallel(root: Path) -> str:
+    """Section 6: two ranks against one, on a random Llama that splits in two."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from worker import LLM, SamplingParams
+
+    folder = root / "llama-tp"
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024,
+        initializer_range=0.1, tie_word_embeddings=False,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(config).eval()
+    hf.save_pretrained(folder)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 32000) for _ in range(n)] for n in (5, 33, 120, 250)]
+    with torch.inference_mode():
+        expected = [
+            hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]
+    del hf
+    work = [[rng.randrange(3, 32000) for _ in range(200)] for _ in range(32)]
+    rows = ["| tensor_parallel_size | parity with transformers | out tok/s (32 x 128) |",
+            "| --- | --- | --- |"]  # fmt: skip
+    for size in (1, 2):
+        llm = LLM(str(folder), device=DEVICE, dtype="float32", tensor_parallel_size=size,
+                  gpu_memory_utilization=ENGINE_MEMORY)  # fmt: skip
+        greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
+        equal = sum(o.outputs[0].token_ids == e for o, e in zip(outputs, expected, strict=True))
+        long = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+        began = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in work], long)
+        speed = 32 * 128 / (time.perf_counter() - began)
+        rows.append(f"| {size} | {equal}/{len(prompts)} | {speed:.0f} |")
+        llm.engine.shutdown()
+        del llm
+        _free()
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="also run the larger kernel grid")
@@ -367,6 +413,10 @@ def main() -> int:
         report.section("Decode step time, eager against CUDA graphs", partial(step_times, folder))
     if on_gpu:
         report.section("Paged attention bandwidth", bandwidth)
+    if not on_gpu or torch.cuda.device_count() >= 2:
+        with tempfile.TemporaryDirectory() as tmp:
+            section = partial(tensor_parallel, Path(tmp))
+            report.section("Tensor parallelism over two ranks", section)
     return 1 if report.failed else 0
 
 

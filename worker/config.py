@@ -74,6 +74,12 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(
         None, ge=1, description="context length (default: the model's)"
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="ranks the model is split across, one process each (gloo on a CPU, "
+        "NCCL on CUDA with one GPU per rank); safetensors checkpoints",
+    )
     max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step")
     block_size: int = Field(16, ge=1, description="KV cache block size")
@@ -129,6 +135,16 @@ class EngineConfig(BaseModel):
         '"max_new_tokens": 256}\'',
     )
 
+    @model_validator(mode="after")
+    def _draft_without_ranks(self) -> "EngineConfig":
+        spec = self.speculative_config
+        if self.tensor_parallel_size > 1 and spec is not None and spec.method == "draft_model":
+            raise ValueError(
+                "a draft model does not run under tensor parallelism yet: use "
+                '"method": "ngram", or tensor_parallel_size 1'
+            )
+        return self
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, device: str) -> str:
@@ -162,7 +178,12 @@ class EngineConfig(BaseModel):
 
     @property
     def uses_cuda_graphs(self) -> bool:
-        return self.device.startswith("cuda") and not self.enforce_eager
+        """Decode steps replay CUDA graphs (not yet across tensor-parallel ranks)."""
+        return (
+            self.device.startswith("cuda")
+            and not self.enforce_eager
+            and self.tensor_parallel_size == 1
+        )
 
     @property
     def torch_dtype(self) -> Any:

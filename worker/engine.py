@@ -24,6 +24,7 @@ from worker.models.gguf import is_gguf_file, load_gguf_tokenizer
 from worker.models.loader import load_config, load_model
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
+from worker.ranks import Ranks, check_layout, rank_threads
 from worker.sampler import sample
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
@@ -64,7 +65,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         config = config.resolved()
-        model_path = resolve_model(config.model, torch.device(config.device).type)
+        # Tensor parallelism splits float weights: a known name's folder, not its GGUF.
+        split = config.tensor_parallel_size > 1
+        model_path = resolve_model(config.model, torch.device(config.device).type, split)
         hf_config = load_config(model_path)
         self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
         if not config.enable_chunked_prefill:
@@ -78,10 +81,18 @@ class LLMEngine:
             config.override_generation_config,
         )
         torch.manual_seed(config.seed)
-        if config.engine_threads is not None:
+        if split:
+            torch.set_num_threads(rank_threads(config))
+        elif config.engine_threads is not None:
             torch.set_num_threads(config.engine_threads)
         device = torch.device(config.device)
-        model = load_model(model_path, config.torch_dtype, device, self.max_model_len)
+        self.ranks: Ranks | None = None
+        tp = None
+        if split:
+            check_layout(hf_config, config.tensor_parallel_size, config.device)
+            self.ranks = Ranks(config, model_path, self.max_model_len)
+            tp = self.ranks.tp
+        model = load_model(model_path, config.torch_dtype, device, self.max_model_len, tp)
         self.vocab_size = model.config.vocab_size
         self.tokenizer = load_tokenizer(model_path)
         self.eos_token_ids = eos_token_ids(model_path, self.tokenizer)
@@ -99,7 +110,16 @@ class LLMEngine:
             draft, draft_path = load_draft_model(config, self.max_model_len, self.vocab_size)
             log.info("draft model: %s (%s)", weight_footprint(draft).describe(), draft_path.name)
         draft_bytes = 0 if draft is None else kv_bytes_per_block(draft, config)
-        self.runner = ModelRunner(config, model, self.max_model_len, draft_bytes)
+        self.runner = ModelRunner(
+            config,
+            model,
+            self.max_model_len,
+            draft_bytes,
+            tp=tp,
+            channel=None if self.ranks is None else self.ranks.channel,
+        )
+        if self.ranks is not None:
+            self.ranks.started.set()  # every rank holds its shard and its cache
         self.weights = weight_footprint(model)
         log.info("%s (%s)", self.weights.describe(), model_path.name)
         log.info(
@@ -248,6 +268,12 @@ class LLMEngine:
         self._aborted.append(seq)
         return True
 
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do without them)."""
+        if self.ranks is not None:
+            self.ranks.stop()
+            self.ranks = None
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
@@ -258,6 +284,8 @@ class LLMEngine:
         batch = self.last_batch = self.scheduler.schedule()
         if not batch:
             return deltas
+        if self.ranks is not None:
+            self.ranks.check()
         logits = self.runner.execute(batch)
         sampling = [
             seq

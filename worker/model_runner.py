@@ -2,6 +2,7 @@
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,16 +12,25 @@ from worker.config import EngineConfig
 from worker.cuda_graphs import DecodeGraphs, capture_sizes
 from worker.kv_sizing import GIB, DeviceMemory, blocks_from_budget, gpu_blocks
 from worker.models.llama import LlamaForCausalLM, head_dim_of
+from worker.models.sharding import TensorParallel
 from worker.scheduler import SchedulerOutput
 from worker.sequence import Sequence
 from worker.step_buffers import Query, StepBuffers
 
+if TYPE_CHECKING:
+    from worker.ranks import StepChannel
+
 log = logging.getLogger("genfleet.engine")
+
+
+def kv_heads_of(model: LlamaForCausalLM) -> int:
+    """The KV heads this process's cache holds (its rank's, under tensor parallelism)."""
+    return model.model.attentions()[0].num_kv_heads
 
 
 def kv_bytes_per_block(model: LlamaForCausalLM, config: EngineConfig) -> int:
     hf = model.config
-    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim_of(hf)
+    per_token = 2 * hf.num_hidden_layers * kv_heads_of(model) * head_dim_of(hf)
     return per_token * config.block_size * config.cache_torch_dtype.itemsize
 
 
@@ -49,7 +59,9 @@ def profile_batch(config: EngineConfig, max_model_len: int) -> SchedulerOutput:
 class ModelRunner:
     """``shared_bytes_per_block``: what each block costs beyond this model's K/V (a
     draft model's cache on the same block ids), so both fit the KV budget. ``extra_rows``:
-    room in the step buffers past the token budget (a draft model's catch-up)."""
+    room in the step buffers past the token budget (a draft model's catch-up).
+    Under tensor parallelism (``tp``, ``channel``) rank 0's runner sends each step to
+    the other ranks, whose runners ``follow``; all hold the same number of blocks."""
 
     def __init__(
         self,
@@ -58,9 +70,13 @@ class ModelRunner:
         max_model_len: int,
         shared_bytes_per_block: int = 0,
         extra_rows: int = 0,
+        tp: TensorParallel | None = None,
+        channel: "StepChannel | None" = None,
     ) -> None:
         self.config = config
         self.model = model
+        self.tp = tp or TensorParallel()
+        self.channel = channel
         self.max_model_len = max_model_len
         self.device = torch.device(config.device)
         self.shared_bytes_per_block = shared_bytes_per_block
@@ -94,8 +110,10 @@ class ModelRunner:
         if config.num_gpu_blocks_override:
             return config.num_gpu_blocks_override
         if self.device.type != "cuda":
-            return blocks_from_budget(config.kv_cache_memory_gib * GIB, per_block)
-        return gpu_blocks(self.profile(), config.gpu_memory_utilization, per_block)
+            blocks = blocks_from_budget(config.kv_cache_memory_gib * GIB, per_block)
+        else:
+            blocks = gpu_blocks(self.profile(), config.gpu_memory_utilization, per_block)
+        return self.tp.minimum(blocks)  # every rank's cache holds the same block ids
 
     def profile(self) -> DeviceMemory:
         """One forward pass of the largest step on a one-block cache, and the CUDA
@@ -105,7 +123,10 @@ class ModelRunner:
         self._allocate_kv_cache()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.execute(profile_batch(self.config, self.max_model_len))
+        if self.tp.rank == 0:
+            self.execute(profile_batch(self.config, self.max_model_len))
+        else:
+            self.follow()
         torch.cuda.synchronize(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
@@ -138,7 +159,7 @@ class ModelRunner:
             hf.num_hidden_layers,
             self.num_blocks + 1,  # the last: scratch for a padded decode's padding rows
             self.config.block_size,
-            hf.num_key_value_heads,
+            kv_heads_of(self.model),
             head_dim_of(hf),
         )
         self.kv_cache = torch.zeros(shape, dtype=self.config.cache_torch_dtype, device=self.device)
@@ -161,12 +182,26 @@ class ModelRunner:
         size = self.graphs.size_for(len(batch.seqs)) if self.graphs and decode else None
         if size is None:
             inputs = self.buffers.fill(batch)
+            if self.channel is not None:
+                self.channel.send(inputs)
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         else:
             assert self.graphs is not None
             inputs = self.buffers.fill(batch, pad_to=size)
             hidden = self.graphs.replay(size)
         return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+
+    @torch.inference_mode()
+    def follow(self) -> bool:
+        """A follower rank's step: rank 0's inputs, the forward, this rank's part of the
+        logits' all-gather. False when rank 0 stops."""
+        assert self.channel is not None
+        inputs = self.channel.receive(self.buffers)
+        if inputs is None:
+            return False
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+        return True
 
     @torch.inference_mode()
     def run(self, queries: list[Query]) -> torch.Tensor:

@@ -11,6 +11,7 @@ ENGINE_FLAGS = (
     "max_num_batched_tokens",
     "kv_cache_dtype",
     "speculative_config",
+    "tensor_parallel_size",
 )
 
 

@@ -43,7 +43,20 @@ def _engine_pid(log: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-@pytest.mark.parametrize("fault", ["step raises", "engine process killed"])
+def _second_rank_pid(log: str) -> int | None:
+    found = re.search(r"tensor parallel: 2 ranks \(gloo\), pids \[\d+, (\d+)\]", log)
+    return int(found.group(1)) if found else None
+
+
+FAULTS = {
+    "step raises": "injected step failure",
+    "engine process killed": "killed by signal 9",
+    # The worker's engine split over two ranks; the second is killed mid-step.
+    "tensor-parallel rank killed": "Connection reset by peer|rank 1 \\(pid \\d+\\) ended",
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
 def test_a_failed_engine_ends_its_worker_and_another_finishes_the_jobs(
     services, start_worker, prefix, tmp_path, fault
 ) -> None:
@@ -54,7 +67,8 @@ def test_a_failed_engine_ends_its_worker_and_another_finishes_the_jobs(
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(STEP_FAILS_WHEN)
     env = {"GENFLEET_TEST_STEP_FAILS_WHEN": str(trigger), "PYTHONPATH": str(hooks)}
-    failing = start_worker("--worker-id", "failing", env=env)
+    ranks = ["--tensor-parallel-size", "2"] if fault == "tensor-parallel rank killed" else []
+    failing = start_worker("--worker-id", "failing", *ranks, env=env)
     ids = [f"f{i}" for i in range(8)]
 
     async def scenario() -> tuple[float, Results]:
@@ -75,7 +89,8 @@ def test_a_failed_engine_ends_its_worker_and_another_finishes_the_jobs(
             if fault == "step raises":
                 trigger.touch()
             else:
-                pid = _engine_pid(failing.log())
+                find = _engine_pid if fault == "engine process killed" else _second_rank_pid
+                pid = find(failing.log())
                 assert pid is not None, failing.log()
                 os.kill(pid, signal.SIGKILL)
             while failing.alive and time.monotonic() - failed_at < 30:
@@ -92,8 +107,7 @@ def test_a_failed_engine_ends_its_worker_and_another_finishes_the_jobs(
     log = failing.log()
     assert failing.process.returncode not in (None, 0), log
     assert exit_s < EXIT_BAR_S, f"the worker took {exit_s:.1f} s to exit\n{log}"
-    cause = "injected step failure" if fault == "step raises" else "killed by signal 9"
-    assert cause in log, log
+    assert re.search(FAULTS[fault], log), log
     # Each job has exactly one result, completed: the failing worker wrote no failure.
     assert all(n == 1 for n in results.counts().values()), results.counts()
     assert all(r.status is JobStatus.COMPLETED for r in results.parsed())

@@ -24,6 +24,7 @@ from kernels.quantized_weight import QuantizedWeight
 from worker.models.attention_metadata import AttentionMetadata
 from worker.models.linear import Linear, PackedLinear, pack_for_cpu, pack_quantized, packed_layer
 from worker.models.rotary import cos_sin_cache
+from worker.models.sharding import TensorParallel
 
 if TYPE_CHECKING:
     from kernels.native.quantized import PackedWeight
@@ -49,12 +50,18 @@ class RMSNorm(nn.Module):
 
 class Embedding(nn.Embedding):
     """Token embeddings; from GGUF blocks (``use_quantized``) only the looked-up rows
-    are de-quantized."""
+    are de-quantized. Under tensor parallelism each rank holds a range of the
+    vocabulary: ids outside it look up zeros, and the ranks' rows are summed."""
 
     quantized: QuantizedWeight | None = None
     packed: "PackedWeight | None" = None
     stored_as: tuple[str, int] | None = None  # as Linear.stored_as
     compute_dtype = torch.float32
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel) -> None:
+        self.first_row, rows, _ = tp.vocab_rows(vocab_size)
+        super().__init__(rows, hidden_size)
+        self.tp = tp
 
     def use_quantized(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
         self.quantized = weight
@@ -69,6 +76,11 @@ class Embedding(nn.Embedding):
         self.quantized = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size > 1:
+            local = ids - self.first_row
+            outside = (local < 0) | (local >= self.num_embeddings)
+            rows = super().forward(local.masked_fill(outside, 0))
+            return self.tp.all_reduce(rows.masked_fill(outside[..., None], 0.0))
         if self.packed is not None:
             rows = self.packed.rows(ids.reshape(-1), self.compute_dtype)
             return rows.view(*ids.shape, self.packed.in_features)
@@ -79,10 +91,13 @@ class Embedding(nn.Embedding):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    """This rank's attention heads (all of them without tensor parallelism)."""
+
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tp = tp
+        self.num_heads = tp.split(config.num_attention_heads, "attention heads")
+        self.num_kv_heads, _ = tp.kv_heads(config.num_key_value_heads)
         self.head_dim = head_dim_of(config)
         self.scale = self.head_dim**-0.5
         attention_bias = bool(getattr(config, "attention_bias", False))
@@ -128,7 +143,7 @@ class Attention(nn.Module):
         )
         if self.v_scale is not None:
             out = out * self.v_scale
-        return self.o_proj(out.view(num_tokens, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.view(num_tokens, self.q_size)))
 
     def _scaled(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor,
@@ -144,22 +159,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel) -> None:
         super().__init__()
+        self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False))
-        size = config.intermediate_size
+        size = tp.split(config.intermediate_size, "intermediate features")
         self.gate_up_proj = Linear(config.hidden_size, 2 * size, bias)
         self.down_proj = Linear(size, config.hidden_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(silu_and_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, tp)
+        self.mlp = MLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -182,10 +198,12 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, tp) for _ in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def attentions(self) -> list[Attention]:
@@ -208,18 +226,21 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
+        tp = tp or TensorParallel()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model type {config.model_type!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         self.config = config
+        self.tp = tp
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, tp)
         if not self.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+            _, rows, _ = tp.vocab_rows(config.vocab_size)
+            self.lm_head = Linear(config.hidden_size, rows, bias=False)
         self.rope_cache = torch.empty(0)
         # The tied embedding as an output layer: packed, or over its GGUF blocks.
         self.tied_output: PackedLinear | None = None
@@ -254,9 +275,16 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, meta, self.rope_cache)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits for the given hidden states (only the positions that sample)."""
+        """float32 logits for the given hidden states (only the positions that sample);
+        under tensor parallelism every rank's vocabulary range, gathered."""
+        if self.tp.size > 1:
+            local = self._local_logits(hidden)
+            return self.tp.all_gather(local)[:, : self.config.vocab_size].float()
+        return self._local_logits(hidden).float()
+
+    def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if not self.tie_word_embeddings:
-            return self.lm_head(hidden).float()
+            return self.lm_head(hidden)
         if self.tied_output is not None:
-            return self.tied_output(hidden, None).float()
-        return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
+            return self.tied_output(hidden, None)
+        return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight)

@@ -14,6 +14,7 @@ from worker.models.fused import FUSED_SHARDS
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
 from worker.models.int4 import int4_scheme, use_int4
 from worker.models.llama import LlamaForCausalLM
+from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -44,7 +45,7 @@ def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
     attn = model.model.attentions()[0]
     if fused == "qkv_proj":
         return [attn.q_size, attn.kv_size, attn.kv_size]
-    size = model.config.intermediate_size
+    size = model.tp.split(model.config.intermediate_size, "intermediate features")
     return [size, size]
 
 
@@ -66,22 +67,52 @@ def _target(
             return fused_name, params[fused_name][start : start + sizes[shard]]
     if name not in params:
         raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+    if len(parts) > 1 and parts[-2] in VOCAB_PARALLEL:  # this rank's rows, not the padding
+        _, _, real = model.tp.vocab_rows(model.config.vocab_size)
+        return name, params[name][:real]
     return name, params[name]
 
 
-def _safetensors_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _vocab_padding(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The rows of the vocabulary-split parameters that hold no token on this rank."""
+    _, rows, real = model.tp.vocab_rows(model.config.vocab_size)
+    names = ["model.embed_tokens.weight"]
+    if not model.tie_word_embeddings:
+        names.append("lm_head.weight")
+    params = dict(model.named_parameters())
+    return {name: params[name][real:] for name in names if real < rows}
+
+
+def _safetensors_tensors(
+    folder: Path, tp: TensorParallel, config: PretrainedConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors, or this rank's slices of them (read as slices: a rank
+    never holds a whole split tensor)."""
     for path in safetensors_files(folder):
         with safe_open(path, framework="pt") as checkpoint:
             for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                yield name, checkpoint.get_tensor(name)
+                view = checkpoint.get_slice(name)
+                take = tp.checkpoint_slice(name, view.get_shape(), config)
+                yield name, checkpoint.get_tensor(name) if take is None else take(view)
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
-    """The model of a Hugging Face folder or a GGUF file, ready to run on ``device``."""
+    """The model of a Hugging Face folder or a GGUF file, ready to run on ``device``;
+    with ``tp``, this rank's shard of it."""
     path = Path(path)
+    tp = tp or TensorParallel()
     tensors: Iterator[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+    if tp.size > 1 and (is_gguf_file(path) or int4_scheme(load_config(path)) is not None):
+        raise ValueError(
+            "tensor parallelism splits safetensors checkpoints of float weights; "
+            f"{path.name} is quantized (GGUF, GPTQ or AWQ), which is not split yet"
+        )
     if is_gguf_file(path):
         model, float_tensors = load_gguf_model(path, dtype, device, max_positions)
         tensors = iter(float_tensors.items())
@@ -89,14 +120,18 @@ def load_model(
         config = load_config(path)
         scheme = int4_scheme(config)  # a GPTQ / AWQ checkpoint, or None
         with torch.device("meta"):
-            model = LlamaForCausalLM(config)
-        tensors = _safetensors_tensors(path)
+            model = LlamaForCausalLM(config, tp)
+        tensors = _safetensors_tensors(path, tp, config)
         if scheme is not None:
             tensors = use_int4(model, scheme, tensors, device)
             log.info("%s: projections as Q4_1 blocks", scheme.name)
     model = model.to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements written per parameter
+    with torch.no_grad():
+        for name, padding in _vocab_padding(model).items():
+            padding.zero_()  # rows past the vocabulary on the last rank: never read
+            filled[name] = padding.numel()
     with torch.no_grad():
         for name, tensor in tensors:
             target = _target(model, params, name)

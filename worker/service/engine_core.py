@@ -107,6 +107,7 @@ class EngineCore:
                 dtype_name(engine.runner.kv_cache.dtype),
                 engine.weights.formats,
                 engine.weights.bytes,
+                engine.config.tensor_parallel_size,
             )
         )
         while True:
@@ -212,6 +213,7 @@ def run_engine_process(settings: WorkerSettings, conn: Connection) -> None:
         core = EngineCore(LLMEngine(settings.engine_config()), conn)
         threading.Thread(target=core.read_commands, name="commands", daemon=True).start()
         core.serve()
+        core.engine.shutdown()
     except Exception as error:
         log.exception("engine failed")
         cause = "".join(traceback.format_exception_only(error)).strip()

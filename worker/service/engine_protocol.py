@@ -59,7 +59,8 @@ class Ready:
     block_size: int
     kv_cache_dtype: str
     weight_formats: str
-    weight_bytes: int
+    weight_bytes: int  # on each rank
+    tensor_parallel_size: int
 
 
 @dataclass

@@ -121,9 +121,12 @@ class WorkerMetrics:
         """The loaded model's weights and KV cache, as info gauges (vLLM's
         ``cache_config_info``; the weights' formats and bytes are genfleet's)."""
         weights = self._gauge(
-            "model_weight_bytes", "Bytes the weights take", [*MODEL, "weight_formats"]
+            "model_weight_bytes",
+            "Bytes the weights take (on each tensor-parallel rank)",
+            [*MODEL, "weight_formats", "tensor_parallel_size"],
         )
-        weights.labels(self.model_name, ready.weight_formats).set(ready.weight_bytes)
+        layout = (ready.weight_formats, str(ready.tensor_parallel_size))
+        weights.labels(self.model_name, *layout).set(ready.weight_bytes)
         cache = self._gauge(
             "cache_config_info",
             "Information of the KV cache",

@@ -102,9 +102,9 @@ def test_the_loaded_model_is_described_by_info_gauges() -> None:
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, "tiny", max_model_len=2048)
     load = EngineLoad(free_blocks=30, total_blocks=40, waiting=0)
-    metrics.describe_engine(Ready(load, 2048, 16, "bfloat16", "Q4_1+Q8_0+bfloat16", 123456))
+    metrics.describe_engine(Ready(load, 2048, 16, "bfloat16", "Q4_1+Q8_0+bfloat16", 123456, 2))
 
-    formats = {"weight_formats": "Q4_1+Q8_0+bfloat16"}
+    formats = {"weight_formats": "Q4_1+Q8_0+bfloat16", "tensor_parallel_size": "2"}
     assert _value(registry, "model_weight_bytes", **formats) == 123456
     cache = {"block_size": "16", "num_gpu_blocks": "40", "cache_dtype": "bfloat16"}
     assert _value(registry, "cache_config_info", **cache) == 1
