@@ -222,3 +222,35 @@ def read_state(fields: Mapping[bytes | str, bytes | str]) -> JobState | None:
 
 def read_event(payload: bytes | str) -> JobEvent:
     return _EVENT.validate_json(payload)
+
+
+class EventCursor:
+    """What a reader has seen: token events are new when their index is past the last one."""
+
+    def __init__(self, last_index: int = -1) -> None:
+        self.last_index = last_index
+        self.stream_id = "-"
+
+    def is_new(self, event: JobEvent) -> bool:
+        if isinstance(event, JobResult):
+            return True
+        if event.last_index <= self.last_index:
+            return False
+        self.last_index = event.last_index
+        return True
+
+
+def streamed_output(entries: list) -> list[TokenEvent]:
+    """The token events a reader of a job's stream (XRANGE ``entries``) keeps, in
+    order, up to the first that does not follow on from the one before: what every
+    reader holds of the job's output (a taken-over job resumes from them)."""
+    cursor, kept = EventCursor(), []
+    for _, fields in entries:
+        event = read_event(fields.get(EVENT_FIELD.encode(), fields.get(EVENT_FIELD)))
+        if not isinstance(event, TokenEvent) or event.last_index <= cursor.last_index:
+            continue  # a result, or tokens readers have already
+        if event.token_index != cursor.last_index + 1:
+            break
+        cursor.is_new(event)
+        kept.append(event)
+    return kept

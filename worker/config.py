@@ -78,7 +78,7 @@ class EngineConfig(BaseModel):
         1,
         ge=1,
         description="ranks the model is split across, one process each (gloo on a CPU, "
-        "NCCL on CUDA with one GPU per rank); safetensors checkpoints",
+        "NCCL on CUDA with one GPU per rank)",
     )
     max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step")

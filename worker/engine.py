@@ -22,6 +22,7 @@ from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.models.footprint import weight_footprint
 from worker.models.gguf import is_gguf_file, load_gguf_tokenizer
 from worker.models.loader import load_config, load_model
+from worker.models.sharding import TensorParallel
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
 from worker.ranks import Ranks, check_layout, rank_threads
@@ -65,9 +66,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         config = config.resolved()
-        # Tensor parallelism splits float weights: a known name's folder, not its GGUF.
-        split = config.tensor_parallel_size > 1
-        model_path = resolve_model(config.model, torch.device(config.device).type, split)
+        model_path = resolve_model(config.model, torch.device(config.device).type)
         hf_config = load_config(model_path)
         self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
         if not config.enable_chunked_prefill:
@@ -81,6 +80,7 @@ class LLMEngine:
             config.override_generation_config,
         )
         torch.manual_seed(config.seed)
+        split = config.tensor_parallel_size > 1
         if split:
             torch.set_num_threads(rank_threads(config))
         elif config.engine_threads is not None:
@@ -92,6 +92,21 @@ class LLMEngine:
             check_layout(hf_config, config.tensor_parallel_size, config.device)
             self.ranks = Ranks(config, model_path, self.max_model_len)
             tp = self.ranks.tp
+        try:
+            self._build(config, model_path, device, tp)
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.abort()  # the followers would wait for a rank 0 that failed
+            raise
+
+    def _build(
+        self,
+        config: EngineConfig,
+        model_path: Path,
+        device: torch.device,
+        tp: TensorParallel | None,
+    ) -> None:
+        """The model, the cache, the scheduler and the proposer (``__init__``'s rest)."""
         model = load_model(model_path, config.torch_dtype, device, self.max_model_len, tp)
         self.vocab_size = model.config.vocab_size
         self.tokenizer = load_tokenizer(model_path)
@@ -221,29 +236,67 @@ class LLMEngine:
         params: SamplingOptions | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        resumed_token_ids: list[int] | None = None,
     ) -> None:
         """Queue a request; raises ValueError naming the problem, leaving the engine as it was.
         Its unset sampling fields take the model's defaults (``resolve``; the request's
         ``Sequence.params`` holds what was applied). A constrained request's grammar is
         compiled here unless it is cached (the worker's engine process compiles in the
-        background first, so its steps never wait)."""
+        background first, so its steps never wait).
+
+        ``resumed_token_ids``: output an earlier attempt already streamed (a job taken
+        over from a worker that died). They follow the prompt as if sampled here: one
+        prefill reads them, outputs go on from the next token index, and stops,
+        ``max_tokens``, usage and the grammar count them. A resumed token that would have
+        ended the request is dropped with those after it (the engine produces it again);
+        a seeded request draws from a generator seeded with its seed plus the tokens
+        resumed (reproducible from that point, not the draws an uninterrupted run makes)."""
         token_ids = self.tokenize(prompt)
         self._check_prompt(request_id, token_ids)
         params = self.resolve(params or SamplingOptions(), len(token_ids))
         self._validate(token_ids, params)
+        resumed = resumed_token_ids or []
+        if any(t < 0 or t >= self.vocab_size for t in resumed):
+            raise ValueError(f"resumed token ids must be in [0, {self.vocab_size})")
+        seq = self._sequence(request_id, token_ids, params, priority, arrival_time, resumed)
+        for index, token in enumerate(resumed):
+            if append_token(seq, token, None, self.eos_token_ids, self.max_model_len):
+                # It would have ended here: resume before it, on a fresh sequence.
+                seq = self._sequence(
+                    request_id, token_ids, params, priority, arrival_time, resumed[:index]
+                )
+                for kept in resumed[:index]:
+                    append_token(seq, kept, None, self.eos_token_ids, self.max_model_len)
+                break
+        seq.num_emitted_tokens = seq.num_output_tokens
+        seq.first_token_time = None  # this attempt's first token is still to come
+        text_ready(seq, finished=False)  # what the earlier attempt streamed is emitted
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _sequence(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        params: SamplingOptions,
+        priority: int,
+        arrival_time: float | None,
+        resumed: list[int],
+    ) -> Sequence:
         constraint = None
         if params.structured_outputs is not None:
             assert self.grammars is not None  # _validate checked
             constraint = self.grammars.state(params.structured_outputs)
         generator = None
         if params.seed is not None:
-            generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
+            seed = (params.seed + len(resumed)) % 2**63
+            generator = torch.Generator(device=self.config.device).manual_seed(seed)
         detokenizer = None
         if self.tokenizer is not None:
             detokenizer = IncrementalDetokenizer(
                 self.tokenizer, token_ids, params.skip_special_tokens
             )
-        seq = Sequence(
+        return Sequence(
             request_id=request_id,
             prompt_token_ids=token_ids,
             params=params,
@@ -254,8 +307,6 @@ class LLMEngine:
             generator=generator,
             constraint=constraint,
         )
-        self.requests[request_id] = seq
-        self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks now; its final delta comes with the next step."""

@@ -58,17 +58,15 @@ def is_model_folder(folder: Path) -> bool:
     )
 
 
-def resolve_model(name_or_path: str, device_type: str = "cpu", float_weights: bool = False) -> Path:
+def resolve_model(name_or_path: str, device_type: str = "cpu") -> Path:
     """The model ``name_or_path`` names: an existing folder or GGUF file, or a known
-    name (fetched once): its GGUF file for a CPU, its folder for other devices or
-    where ``float_weights`` are asked for."""
+    name (fetched once): its GGUF file for a CPU, its folder for other devices."""
     path = Path(name_or_path).expanduser()
     if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
         return path
     if name_or_path in KNOWN_MODELS:
         folder = fetch_model(name_or_path)
-        gguf = device_type == "cpu" and not float_weights
-        return packaged_gguf(folder, name_or_path) if gguf else folder
+        return packaged_gguf(folder, name_or_path) if device_type == "cpu" else folder
     raise ValueError(
         f"unknown model {name_or_path!r}: not a folder or a .gguf file, and not one of "
         f"{sorted(KNOWN_MODELS)}"

@@ -46,6 +46,8 @@ log = logging.getLogger("genfleet.engine")
 
 STOP, STEP = 0, 1
 HEADER = 4  # command, tokens, sequences, sampled rows
+# How long rank 0 may take to fail on its own once a follower has failed to start.
+STARTUP_GRACE_S = 3.0
 # A collective that waits this long has lost a peer (steps take milliseconds).
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
@@ -176,8 +178,8 @@ class Ranks:
         # Until every rank has its shard and cache, rank 0 waits in collectives that a
         # follower's failure would leave waiting for minutes: a watch ends it instead.
         self.started = threading.Event()
-        threading.Thread(target=self._watch_start, name="rank-watch", daemon=True).start()
         self.stopped = False
+        threading.Thread(target=self._watch_start, name="rank-watch", daemon=True).start()
         atexit.register(self.stop)  # a program that never calls stop: its ranks end with it
         _join(0, size, port, config.device)
         self.tp = TensorParallel(0, size)
@@ -190,16 +192,28 @@ class Ranks:
         return [os.getpid(), *(process.pid for process in self.followers)]
 
     def _watch_start(self) -> None:
-        while not self.started.wait(0.2):
-            for rank, process in enumerate(self.followers, start=1):
-                if process.poll() is not None:
-                    log.error(
-                        "tensor-parallel rank %d failed to start (exit code %s): see its "
-                        "error above; the engine ends",
-                        rank,
-                        process.returncode,
-                    )
-                    os._exit(1)
+        """A follower that ends before the ranks are up leaves rank 0 waiting in a
+        collective: end the process, unless rank 0 gives up first (its own error)."""
+        while not self.started.wait(0.2) and not self.stopped:
+            ended = [(rank, p) for rank, p in enumerate(self.followers, 1) if p.poll() is not None]
+            if ended and not self.started.wait(STARTUP_GRACE_S) and not self.stopped:
+                rank, process = ended[0]
+                log.error(
+                    "tensor-parallel rank %d failed to start (exit code %s): see its error "
+                    "above; the engine ends",
+                    rank,
+                    process.returncode,
+                )
+                os._exit(1)
+
+    def abort(self) -> None:
+        """Rank 0 failed to start: end the followers, leave the group."""
+        self.stopped = True
+        for process in self.followers:
+            process.kill()
+            process.wait()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
     def check(self) -> None:
         """RuntimeError when a follower has ended: the model is no longer whole."""

@@ -9,8 +9,8 @@ from producer_api.batch_runner.lines import UNFINISHED, Line, add_usage
 from producer_api.schemas.batches import BatchObject, BatchUsage
 from producer_api.services.fleet import Fleet
 from producer_api.services.runs import Run
-from producer_api.stores.jobs import EventCursor
 from queue_schemas import JobResult, JobStatus, TokenEvent
+from queue_schemas.redis_records import EventCursor
 
 
 @dataclass

@@ -26,6 +26,7 @@ from queue_schemas.messages import now
 from queue_schemas.redis_records import (
     EVENT_FIELD,
     FINISH_SCRIPT,
+    EventCursor,
     JobEvent,
     as_text,
     finish_call,
@@ -41,22 +42,6 @@ RECHECK_S = 2.0
 # A streamed job whose state stays missing this long was lost with Redis's data.
 LOST_AFTER_S = 30.0
 OUTAGE_RETRY_S = 1.0
-
-
-class EventCursor:
-    """What a reader has seen: token events are new when their index is past the last one."""
-
-    def __init__(self, last_index: int = -1) -> None:
-        self.last_index = last_index
-        self.stream_id = "-"
-
-    def is_new(self, event: JobEvent) -> bool:
-        if isinstance(event, JobResult):
-            return True
-        if event.last_index <= self.last_index:
-            return False
-        self.last_index = event.last_index
-        return True
 
 
 class JobStore:

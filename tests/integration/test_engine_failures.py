@@ -14,9 +14,11 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+from redis.asyncio import Redis
 
 from genfleet.chaos.target import JobStates, Results, Target, job_record, produce, wait_for
 from queue_schemas import JobStatus, Names
+from queue_schemas.redis_records import streamed_output
 
 TIMEOUT_S = 180
 EXIT_BAR_S = 10.0
@@ -144,3 +146,45 @@ def test_a_worker_whose_model_is_missing_exits_with_the_reason_and_commits_nothi
 
     offsets = asyncio.run(asyncio.wait_for(committed(), 60))
     assert offsets and all(offset is None for offset in offsets), offsets
+
+
+def test_a_taken_over_job_resumes_from_its_streamed_tokens(services, start_worker, prefix) -> None:
+    """The worker running a 400-token job is killed after a third of it streamed: the
+    survivor prefills the streamed tokens and decodes only the rest (its log says
+    where it resumed), and the result is an uninterrupted greedy run's, its usage
+    counted whole."""
+    kafka, redis = services
+    target = Target(kafka.address, redis.address, prefix)
+    first = start_worker("--worker-id", "first")
+    survivors = []
+    tokens = 400
+
+    async def scenario() -> tuple[int, Results]:
+        client = Redis.from_url(redis.address)
+        stream = target.names.events_stream("default", "long")
+        async with Results(target) as results:
+            await produce(target, [(b"long", job_record("long", tokens))])
+            streamed = 0
+            while streamed < tokens // 3:
+                events = streamed_output(await client.xrange(stream))
+                streamed = sum(len(event.token_ids) for event in events)
+                await asyncio.sleep(0.02)
+            first.process.kill()
+            first.process.wait()
+            survivors.append(start_worker("--worker-id", "survivor"))
+            assert await wait_for(lambda: "long" in results.counts(), TIMEOUT_S)
+            # The same job, never interrupted, for the output to compare.
+            again = job_record("again", tokens, prompt="Chaos job long says")
+            await produce(target, [(b"again", again)])
+            assert await wait_for(lambda: "again" in results.counts(), TIMEOUT_S)
+        await client.aclose()
+        return streamed, results
+
+    streamed, results = asyncio.run(asyncio.wait_for(scenario(), 2 * TIMEOUT_S))
+    by_id = results.by_id()
+    resumed, uninterrupted = by_id["long"], by_id["again"]
+    assert resumed.status is JobStatus.COMPLETED and resumed.usage.completion_tokens == tokens
+    assert resumed.token_ids == uninterrupted.token_ids and resumed.text == uninterrupted.text
+    found = re.search(r"long resumes after (\d+) tokens", survivors[0].log())
+    assert found is not None, survivors[0].log()
+    assert streamed <= int(found.group(1)) < tokens

@@ -1,7 +1,7 @@
 """A stream reader's cursor: which events are new to it, whatever their grouping."""
 
-from producer_api.stores.jobs import EventCursor
 from queue_schemas import JobResult, JobStatus, TokenEvent
+from queue_schemas.redis_records import EventCursor
 
 
 def _event(index: int, count: int) -> TokenEvent:

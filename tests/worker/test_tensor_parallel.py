@@ -9,13 +9,17 @@ import signal
 import time
 
 import pytest
+from gguf import GGMLQuantizationType
 
 from tests.conftest import TINY_KINDS, TINY_VOCAB, build_tiny_model, hf_greedy
+from tests.worker.gguf_files import write_gguf
+from tests.worker.int4_files import write_int4
 from tests.worker.test_parity import SCENARIOS
 from worker import LLM, EngineConfig, SamplingParams
 from worker.models.footprint import weight_footprint
 
 MAX_TOKENS = 16
+Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
 
 
 def _prompts() -> list[list[int]]:
@@ -75,6 +79,50 @@ def test_head_size_128_with_one_kv_head_and_a_dead_rank_ends_the_engine(tmp_path
         assert time.monotonic() - began < 10
     finally:
         engine.shutdown()
+
+
+def test_a_gguf_file_splits_by_whole_blocks(tmp_path, monkeypatch) -> None:
+    """Q4_1 projections with a Q8_0 tied embedding (intermediate 128: 64 features, two
+    blocks, per rank in down_proj): with the torch kernels (the blocks de-quantized
+    exactly) two ranks decode as one does (``test_gguf``: one, as transformers), each
+    holding about half the blocks; 96 features (48 per rank) would cut a block."""
+    monkeypatch.setenv("GENFLEET_KERNELS", "torch")  # the followers inherit it
+    model = build_tiny_model("llama-tied", tmp_path / "source", intermediate_size=128)
+    path = write_gguf(model, tmp_path / "split" / "model.gguf", Q4_1, Q8_0)
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    alone = LLM(str(path), device="cpu")
+    expected = [o.outputs[0].token_ids for o in alone.generate(prompts, params)]
+    whole = weight_footprint(alone.engine.runner.model).bytes
+    llm = LLM(str(path), device="cpu", tensor_parallel_size=2, max_num_seqs=8)
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+        share = weight_footprint(llm.engine.runner.model).bytes / whole
+        assert 0.5 < share < 0.6  # the one KV head's k and v are on both ranks
+    finally:
+        llm.engine.shutdown()
+    odd = write_gguf(build_tiny_model("llama-untied", tmp_path / "odd-source"),
+                     tmp_path / "odd" / "model.gguf", Q8_0, Q8_0)  # fmt: skip
+    with pytest.raises(ValueError, match="do not split into whole blocks of 32"):
+        LLM(str(odd), device="cpu", tensor_parallel_size=2)
+
+
+def test_a_gptq_checkpoint_splits_once_re_packed(tmp_path, monkeypatch) -> None:
+    """GPTQ with groups of 128, re-packed as Q4_1 and split by whole blocks (64 input
+    features per rank in o_proj, half a group): two ranks decode as one does."""
+    monkeypatch.setenv("GENFLEET_KERNELS", "torch")
+    model = build_tiny_model("llama-untied", tmp_path / "source", hidden_size=128,
+                             intermediate_size=256)  # fmt: skip
+    write_int4(model, tmp_path / "gptq", "gptq", 128)
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    alone = LLM(str(tmp_path / "gptq"), device="cpu").generate(prompts, params)
+    llm = LLM(str(tmp_path / "gptq"), device="cpu", tensor_parallel_size=2)
+    try:
+        split = llm.generate(prompts, params)
+    finally:
+        llm.engine.shutdown()
+    assert [o.outputs[0].token_ids for o in split] == [o.outputs[0].token_ids for o in alone]
 
 
 def test_layouts_that_do_not_split_are_refused_before_any_rank_starts(tiny_models) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import (
+    GGML_QUANT_SIZES,
     MODEL_ARCH_NAMES,
     GGMLQuantizationType,
     GGUFReader,
@@ -35,6 +36,7 @@ from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
 from worker.models.fused import checkpoint_parts
 from worker.models.linear import Linear
 from worker.models.llama import Embedding, LlamaForCausalLM
+from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")
 
@@ -83,7 +85,7 @@ def _unpermute(rows: int, heads: int) -> torch.Tensor:
 class _Checkpoint:
     """The file's tensors by the engine's (Hugging Face) names, in Hugging Face row order."""
 
-    def __init__(self, reader: GGUFReader, config: PretrainedConfig) -> None:
+    def __init__(self, reader: GGUFReader, config: PretrainedConfig, tp: TensorParallel) -> None:
         architecture = str(reader.fields["general.architecture"].contents())
         arch = next((a for a, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
         if arch is None:
@@ -94,6 +96,7 @@ class _Checkpoint:
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
         self.permutes = architecture in PERMUTING_ARCHITECTURES
         self.config = config
+        self.tp = tp
         self.used: set[str] = set()
 
     def tensor(self, module: str, suffix: str) -> ReaderTensor | None:
@@ -114,15 +117,26 @@ class _Checkpoint:
         kinds = {tensor.tensor_type for tensor in tensors}
         if len(tensors) != len(parts) or len(kinds) != 1 or kinds.pop() not in LINEAR_TYPES:
             return None
+        ggml_type = GGMLQuantizationType(tensors[0].tensor_type)
+        block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        in_features = int(tensors[0].shape[0])
         blocks = []
         for part, tensor in zip(parts, tensors, strict=True):
             data = torch.from_numpy(np.array(tensor.data))
             order = self._row_order(part, data.shape[0])
-            blocks.append(data if order is None else data[order])
+            data = data if order is None else data[order]
+            # This rank's rows, or whole blocks of each row (tensor parallelism).
+            split = self.tp.split_of(f"{part}.weight", [data.shape[0], in_features], self.config)
+            if split is not None:
+                data = split.take_blocks(data, block_size, block_bytes)
+            blocks.append(data)
             self.used.add(tensor.name)
         data = torch.cat(blocks)
-        ggml_type = GGMLQuantizationType(tensors[0].tensor_type)
-        return QuantizedWeight(ggml_type, data, data.shape[0], int(tensors[0].shape[0]))
+        if module.split(".")[-1] in VOCAB_PARALLEL:  # the last rank's rows past the vocabulary
+            _, rows, _ = self.tp.vocab_rows(self.config.vocab_size)
+            data = torch.cat([data, data.new_zeros(rows - data.shape[0], data.shape[1])])
+        in_local = data.shape[1] // block_bytes * block_size
+        return QuantizedWeight(ggml_type, data, data.shape[0], in_local)
 
     def float_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor not kept in blocks, de-quantized, by its Hugging Face name."""
@@ -156,14 +170,15 @@ def _checkpoint_modules(config: PretrainedConfig) -> list[str]:
 
 
 def load_gguf_model(
-    path: Path, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel
 ) -> tuple[LlamaForCausalLM, dict[str, torch.Tensor]]:
-    """The model with its quantized projections in place, and the float tensors that
-    remain to be copied in (by the caller, as from a safetensors checkpoint)."""
+    """The model (this rank's shard of it) with its quantized projections in place, and
+    the float tensors that remain to be copied in (by the caller, as from a
+    safetensors checkpoint; whole: the caller takes this rank's part)."""
     config = load_gguf_config(path)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)  # an unsupported architecture stops here
-    checkpoint = _Checkpoint(read_gguf(path), config)
+        model = LlamaForCausalLM(config, tp)  # an unsupported architecture stops here
+    checkpoint = _Checkpoint(read_gguf(path), config, tp)
     for name, module in model.named_modules():
         if isinstance(module, Linear):
             weight = checkpoint.quantized(name)

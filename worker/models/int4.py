@@ -18,16 +18,18 @@ Packings, as the formats' writers lay them out:
   ``AWQ_ORDER[i]`` of the eight).
 """
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels.quantized_weight import QuantizedWeight
 from worker.models.fused import checkpoint_parts
 from worker.models.linear import Linear
+from worker.models.llama import LlamaForCausalLM
+from worker.models.sharding import Split
 
 BLOCK = 32  # Q4_1's block of inputs
 GROUP_SIZES = (32, 64, 128)
@@ -120,21 +122,40 @@ def to_q4_1(
     return QuantizedWeight(GGMLQuantizationType.Q4_1, data, out_features, in_features)
 
 
-def load_int4(scheme: Int4Scheme, parts: list[Mapping[str, torch.Tensor]]) -> QuantizedWeight:
-    """One engine projection from its checkpoint parts (q/k/v or gate/up fused by rows)."""
+def _shape(scheme: Int4Scheme, tensors: Mapping[str, torch.Tensor]) -> list[int]:
+    """A quantized projection's ``[out_features, in_features]``."""
+    groups, out_features = tensors["scales"].shape
+    return [int(out_features), int(groups) * scheme.group_size]
+
+
+def load_int4(
+    scheme: Int4Scheme,
+    parts: Sequence[Mapping[str, torch.Tensor]],
+    splits: Sequence[Split | None],
+) -> QuantizedWeight:
+    """One engine projection from its checkpoint parts (q/k/v or gate/up fused by rows);
+    with ``splits``, each part's share for this tensor-parallel rank, in whole Q4_1
+    blocks (exact: each block has its own scale and min, whatever the group size)."""
     weights = [to_q4_1(*unpack(scheme, part), scheme.group_size) for part in parts]
-    data = torch.cat([weight.data for weight in weights])
-    return QuantizedWeight(GGMLQuantizationType.Q4_1, data, data.shape[0], weights[0].in_features)
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1][1]
+    blocks = [
+        weight.data if split is None else split.take_blocks(weight.data, BLOCK, block_bytes)
+        for weight, split in zip(weights, splits, strict=True)
+    ]
+    data = torch.cat(blocks)
+    in_features = data.shape[1] // block_bytes * BLOCK
+    return QuantizedWeight(GGMLQuantizationType.Q4_1, data, data.shape[0], in_features)
 
 
 def use_int4(
-    model: torch.nn.Module,
+    model: LlamaForCausalLM,
     scheme: Int4Scheme,
     tensors: Iterable[tuple[str, torch.Tensor]],
     device: torch.device,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Put every quantized projection of the checkpoint in place (as Q4_1 blocks on
-    ``device``); the checkpoint's other tensors follow, for the caller to copy in."""
+    ``device``; this rank's blocks under tensor parallelism, the packed tensors read
+    whole); the checkpoint's other tensors follow, for the caller to copy in."""
     quantized: dict[str, dict[str, torch.Tensor]] = {}
     rest = []
     for name, tensor in tensors:
@@ -143,11 +164,17 @@ def use_int4(
             quantized.setdefault(module, {})[suffix] = tensor
         else:
             rest.append((name, tensor))
+    tp, config = model.tp, model.config
     for name, linear in model.named_modules():
         parts = checkpoint_parts(name)
         if isinstance(linear, Linear) and all(part in quantized for part in parts):
-            weight = load_int4(scheme, [quantized.pop(part) for part in parts])
-            linear.use_quantized(weight.to(device))
+            found = [quantized.pop(part) for part in parts]
+            shapes = [_shape(scheme, part) for part in found]
+            splits = [
+                tp.split_of(f"{part}.weight", shape, config)
+                for part, shape in zip(parts, shapes, strict=True)
+            ]
+            linear.use_quantized(load_int4(scheme, found, splits).to(device))
     if quantized:
         raise ValueError(
             f"{scheme.method} tensors with no projection to fill: {sorted(quantized)[:3]}"

@@ -76,11 +76,14 @@ class Embedding(nn.Embedding):
         self.quantized = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.tp.size > 1:
-            local = ids - self.first_row
-            outside = (local < 0) | (local >= self.num_embeddings)
-            rows = super().forward(local.masked_fill(outside, 0))
-            return self.tp.all_reduce(rows.masked_fill(outside[..., None], 0.0))
+        if self.tp.size == 1:
+            return self._lookup(ids)
+        local = ids - self.first_row
+        outside = (local < 0) | (local >= self.num_embeddings)
+        rows = self._lookup(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(rows.masked_fill(outside[..., None], 0.0))
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             rows = self.packed.rows(ids.reshape(-1), self.compute_dtype)
             return rows.view(*ids.shape, self.packed.in_features)

@@ -12,6 +12,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from worker.models.fused import FUSED_SHARDS
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
+from worker.models.int4 import SUFFIXES as INT4_SUFFIXES
 from worker.models.int4 import int4_scheme, use_int4
 from worker.models.llama import LlamaForCausalLM
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
@@ -92,7 +93,9 @@ def _safetensors_tensors(
         with safe_open(path, framework="pt") as checkpoint:
             for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 view = checkpoint.get_slice(name)
-                take = tp.checkpoint_slice(name, view.get_shape(), config)
+                # GPTQ/AWQ's packed tensors are split once re-packed (use_int4).
+                packed = name.endswith(INT4_SUFFIXES)
+                take = None if packed else tp.checkpoint_slice(name, view.get_shape(), config)
                 yield name, checkpoint.get_tensor(name) if take is None else take(view)
 
 
@@ -108,14 +111,13 @@ def load_model(
     path = Path(path)
     tp = tp or TensorParallel()
     tensors: Iterator[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
-    if tp.size > 1 and (is_gguf_file(path) or int4_scheme(load_config(path)) is not None):
-        raise ValueError(
-            "tensor parallelism splits safetensors checkpoints of float weights; "
-            f"{path.name} is quantized (GGUF, GPTQ or AWQ), which is not split yet"
-        )
     if is_gguf_file(path):
-        model, float_tensors = load_gguf_model(path, dtype, device, max_positions)
-        tensors = iter(float_tensors.items())
+        model, float_tensors = load_gguf_model(path, dtype, device, tp)
+        tensors = (
+            (name, tensor if take is None else take(tensor))
+            for name, tensor in float_tensors.items()
+            for take in [tp.checkpoint_slice(name, list(tensor.shape), model.config)]
+        )
     else:
         config = load_config(path)
         scheme = int4_scheme(config)  # a GPTQ / AWQ checkpoint, or None

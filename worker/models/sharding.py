@@ -91,38 +91,71 @@ class TensorParallel:
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
         return int(tensor.item())
 
-    def checkpoint_slice(
-        self, name: str, shape: list[int], config: PretrainedConfig
-    ) -> Callable[[Any], torch.Tensor] | None:
-        """How this rank takes checkpoint tensor ``name`` (of ``shape``) from a
-        safetensors slice, reading only its part; None: whole (replicated)."""
+    def split_of(self, name: str, shape: list[int], config: PretrainedConfig) -> "Split | None":
+        """This rank's part of checkpoint tensor ``name`` (of ``shape``, out features
+        first); None: the whole tensor (replicated, or no parallelism)."""
         if self.size == 1:
             return None
         parts = name.split(".")
         module = parts[-2] if len(parts) >= 2 else ""
-        is_bias = parts[-1] == "bias"
-        head_dim = shape[0] // config.num_attention_heads if module == "q_proj" else None
         if module in VOCAB_PARALLEL:
             first, _, real = self.vocab_rows(shape[0])
-            return lambda view: view[first : first + real]
+            return Split(0, first, real)
         if module in ROW_PARALLEL:
-            if is_bias:  # added once, after the all-reduce: rank 0's
-                keep = self.rank == 0
-                return lambda view: view[:] if keep else torch.zeros(shape)
+            if parts[-1] == "bias":  # added once, after the all-reduce: rank 0's
+                return None if self.rank == 0 else Split(0, 0, shape[0], zeros=True)
             local = self.split(shape[1], f"{module} input features")
-            start = self.rank * local
-            return lambda view: view[:, start : start + local]
-        if module not in COLUMN_PARALLEL:
-            return None
+            return Split(1, self.rank * local, local)
         if module == "q_proj":
-            assert head_dim is not None
+            head_dim = shape[0] // config.num_attention_heads
             local = self.split(config.num_attention_heads, "attention heads") * head_dim
-            start = self.rank * local
-        elif module in ("k_proj", "v_proj"):
+            return Split(0, self.rank * local, local)
+        if module in ("k_proj", "v_proj"):
             kv_dim = shape[0] // config.num_key_value_heads
             heads, first = self.kv_heads(config.num_key_value_heads)
-            local, start = heads * kv_dim, first * kv_dim
-        else:
+            return Split(0, first * kv_dim, heads * kv_dim)
+        if module in COLUMN_PARALLEL:
             local = self.split(shape[0], f"{module} output features")
-            start = self.rank * local
-        return lambda view: view[start : start + local]
+            return Split(0, self.rank * local, local)
+        return None
+
+    def checkpoint_slice(
+        self, name: str, shape: list[int], config: PretrainedConfig
+    ) -> Callable[[Any], torch.Tensor] | None:
+        """How this rank takes checkpoint tensor ``name`` from a safetensors slice (or a
+        tensor), reading only its part; None: whole."""
+        split = self.split_of(name, shape, config)
+        if split is None:
+            return None
+        return split.take
+
+
+@dataclass(frozen=True)
+class Split:
+    """``length`` entries from ``start`` along ``dim`` (0: output features, 1: input
+    features); ``zeros``: this rank holds zeros of the tensor's shape."""
+
+    dim: int
+    start: int
+    length: int
+    zeros: bool = False
+
+    def take(self, view: Any) -> torch.Tensor:
+        """This part of ``view``, a safetensors slice or a tensor."""
+        if self.zeros:
+            return torch.zeros(self.length)
+        end = self.start + self.length
+        return view[self.start : end] if self.dim == 0 else view[:, self.start : end]
+
+    def take_blocks(self, data: torch.Tensor, block_size: int, block_bytes: int) -> torch.Tensor:
+        """This part of a quantized weight's bytes ``[out_features, row bytes]``: whole
+        rows, or whole blocks of each row (ValueError where a block would be cut)."""
+        if self.dim == 0:
+            return data[self.start : self.start + self.length]
+        if self.start % block_size or self.length % block_size:
+            raise ValueError(
+                f"{self.length} input features per rank do not split into whole blocks of "
+                f"{block_size}: choose a tensor_parallel_size that does"
+            )
+        first = self.start // block_size * block_bytes
+        return data[:, first : first + self.length // block_size * block_bytes]

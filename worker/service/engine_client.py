@@ -65,7 +65,7 @@ class EngineClient:
         # Numbers of the Add commands the last step's load does not count yet.
         self._adds_in_transit: deque[int] = deque()
         self.failure: str | None = None
-        self._pending: dict[str, asyncio.Future[SamplingOptions]] = {}
+        self._pending: dict[str, asyncio.Future[Accepted]] = {}
         self._ready: asyncio.Future[Ready] | None = None
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -113,17 +113,22 @@ class EngineClient:
         return ready
 
     def add(
-        self, request_id: str, job: JobRequest, params: SamplingOptions
-    ) -> "asyncio.Future[SamplingOptions]":
-        """Send a request; the future gives the sampling it runs with (the model's defaults
-        filled in), raises ValueError if the engine refuses it, and EngineFailed if the
-        engine is gone before it answers."""
-        accepted: asyncio.Future[SamplingOptions] = asyncio.get_running_loop().create_future()
+        self,
+        request_id: str,
+        job: JobRequest,
+        params: SamplingOptions,
+        resumed_token_ids: list[int] | None = None,
+    ) -> "asyncio.Future[Accepted]":
+        """Send a request (``resumed_token_ids``: output an earlier attempt streamed); the
+        future gives the engine's acceptance (the sampling it runs with, the model's
+        defaults filled in; what it resumes from), raises ValueError if the engine refuses
+        it, and EngineFailed if the engine is gone before it answers."""
+        accepted: asyncio.Future[Accepted] = asyncio.get_running_loop().create_future()
         if self.failure is not None:
             accepted.set_exception(EngineFailed(self.failure))
             return accepted
         self._pending[request_id] = accepted
-        self._send(Add(request_id, job, params, time.time()))
+        self._send(Add(request_id, job, params, time.time(), resumed_token_ids or []))
         self._adds_in_transit.append(self._sent)
         return accepted
 
@@ -180,7 +185,7 @@ class EngineClient:
             self._owed_since = time.monotonic() if owes else None
             self._on_step(message)
         elif isinstance(message, Accepted):
-            self._answer(message.request_id, message.applied)
+            self._answer(message.request_id, message)
         elif isinstance(message, Refused):
             self._answer(message.request_id, ValueError(message.reason))
         elif isinstance(message, Ready):
@@ -189,7 +194,7 @@ class EngineClient:
         elif isinstance(message, Failed):
             self._fail(f"engine failed: {message.reason}")
 
-    def _answer(self, request_id: str, answer: SamplingOptions | Exception) -> None:
+    def _answer(self, request_id: str, answer: Accepted | Exception) -> None:
         accepted = self._pending.pop(request_id, None)
         if accepted is None or accepted.done():
             return

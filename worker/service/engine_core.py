@@ -178,13 +178,16 @@ class EngineCore:
                 command.params,
                 command.job.priority,
                 command.arrival_time,
+                command.resumed_token_ids,
             )
         except Exception as error:  # the request fails alone, the engine is as it was
             self.send(Refused(command.request_id, reason_for(error)))
             return
         if command.params.logprobs is not None:
             self._texts_for[command.request_id] = command.params.skip_special_tokens
-        self.send(Accepted(command.request_id, self.engine.requests[command.request_id].params))
+        seq = self.engine.requests[command.request_id]
+        resumed = (seq.num_output_tokens, seq.num_emitted_chars)
+        self.send(Accepted(command.request_id, seq.params, *resumed))
         if aborted:  # its final delta (abort) comes with the next step, as for any abort
             self.engine.abort_request(command.request_id)
 

@@ -9,7 +9,7 @@ Imports no torch, so the service process never loads it.
 """
 
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from queue_schemas import JobRequest, SamplingOptions
 from worker.outputs import RequestDelta
@@ -25,6 +25,8 @@ class Add:
     params: SamplingOptions
     # When the service took the job (wall clock): the worker's TTFT and e2e start here.
     arrival_time: float
+    # Output an earlier attempt streamed (a taken-over job): the engine resumes after it.
+    resumed_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +70,10 @@ class Accepted:
     request_id: str
     # What the request runs with: its sampling, the model's defaults filled in.
     applied: SamplingOptions
+    # Of the resumed output: the tokens the engine goes on from, and the characters of
+    # text they have emitted (fewer than sent when one of them would have ended it).
+    resumed_tokens: int = 0
+    resumed_chars: int = 0
 
 
 @dataclass

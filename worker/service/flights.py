@@ -45,6 +45,9 @@ class InFlight:
     # The record went with a broker that lost its state: nobody will be given it
     # again, so the job runs here to its end whoever owns the partition now.
     orphaned: bool = False
+    # An earlier attempt started it and did not finish (another worker died, or this
+    # one restarted): it resumes from what that attempt streamed.
+    taken_over: bool = False
     # What the engine runs it with (the model's defaults filled in), once it accepted it.
     sampling: SamplingOptions | None = None
     text: str = ""
@@ -56,6 +59,19 @@ class InFlight:
     @property
     def key(self) -> JobKey:
         return key_of(self.job)
+
+    def resume_from(self, events: list[TokenEvent]) -> None:
+        """Take what readers hold of an earlier attempt as this flight's output so far."""
+        self.events = list(events)
+        self.token_ids = [token for event in events for token in event.token_ids]
+        self.text = "".join(event.text for event in events)
+
+    def keep_resumed(self, tokens: int, chars: int) -> None:
+        """The engine resumed from fewer tokens (one of them would have ended the job):
+        the output so far is theirs, and their text."""
+        self.events = [event for event in self.events if event.last_index < tokens]
+        del self.token_ids[tokens:]
+        self.text = self.text[:chars]
 
 
 class Flights:

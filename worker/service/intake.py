@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from queue_schemas import DeadLetter, JobRequest, SamplingOptions
+from queue_schemas import DeadLetter, JobRequest, SamplingOptions, TokenEvent
 from queue_schemas.messages import now
 from queue_schemas.names import Names
 from queue_schemas.redis_records import Delivery
@@ -33,12 +33,13 @@ from worker.service.background import Background
 from worker.service.backpressure import lane_gates
 from worker.service.deadlines import has_passed, stop_at_deadline
 from worker.service.engine_client import EngineClient, EngineFailed
+from worker.service.engine_protocol import Accepted
 from worker.service.flights import Attempts, Flights, InFlight, JobKey, Record, key_of
 from worker.service.kafka_out import KafkaOut
 from worker.service.metrics import WorkerMetrics
 from worker.service.offsets import OffsetTracker
 from worker.service.output_pump import OutputPump
-from worker.service.publisher import RedisPublisher
+from worker.service.publisher import RedisPublisher, redis_outage
 from worker.service.records import UNREADABLE, Rejected, parse_job
 from worker.service.settings import WorkerSettings
 from worker.service.wire import (
@@ -210,31 +211,54 @@ class Intake:
             finish = self.pump.finish([], [(ended, record, self.attempts.next())])
             self.background.spawn(finish, record)
         else:
+            flight = InFlight(job, record, now(), self.attempts.next(), expires_at)
             if past.status is not None:  # an earlier attempt started it and did not finish
                 self.metrics.redelivered.inc()
-            return InFlight(job, record, now(), self.attempts.next(), expires_at)
+                flight.taken_over = True
+            return flight
         return None
 
     async def _start(self, starting: list[_Start]) -> None:
         flights = [start.flight for start in starting]
         running = await self.publisher.start([flight.key for flight in flights])
+        taken = [flight for flight in flights if flight.taken_over]
+        if taken:  # resume from what readers hold, not from the prompt
+            for flight, events in zip(taken, await self._streamed(taken), strict=True):
+                flight.resume_from(events)
         for start, ok in zip(starting, running, strict=True):
             flight = start.flight
             if not ok:  # final meanwhile: cancelled by the API, or finished elsewhere
                 self.settle(flight.record)
                 continue
             self.flights.add(flight)
-            added = self.engine.add(flight.request_id, flight.job, start.params)
+            resumed = list(flight.token_ids)
+            added = self.engine.add(flight.request_id, flight.job, start.params, resumed)
             stop_at_deadline(flight, self.abort)
             # Not awaited: the engine answers between steps, and intake must not wait
             # a step (up to a long prefill) before its next fetch.
             added.add_done_callback(functools.partial(self._answered, start))
 
-    def _answered(self, start: _Start, answer: "asyncio.Future[SamplingOptions]") -> None:
+    async def _streamed(self, flights: list[InFlight]) -> list[list[TokenEvent]]:
+        """Earlier attempts' output of each flight; none (they start over) without Redis."""
+        try:
+            return await self.publisher.streamed([flight.key for flight in flights])
+        except Exception as error:
+            if not redis_outage(error):
+                raise
+            log.warning("redis away: %d taken-over jobs start over", len(flights))
+            return [[] for _ in flights]
+
+    def _answered(self, start: _Start, answer: "asyncio.Future[Accepted]") -> None:
         flight = start.flight
         error = answer.exception()
         if error is None:
-            flight.sampling = answer.result()
+            accepted = answer.result()
+            flight.sampling = accepted.applied
+            if accepted.resumed_tokens < len(flight.token_ids):
+                flight.keep_resumed(accepted.resumed_tokens, accepted.resumed_chars)
+            if flight.token_ids:
+                log.info("%s resumes after %d tokens", flight.job.job_id, len(flight.token_ids))
+                self.metrics.resumed_tokens.inc(len(flight.token_ids))
             return
         if isinstance(error, EngineFailed):
             return  # the worker is stopping and the job is left for redelivery

@@ -199,6 +199,11 @@ class WorkerMetrics:
         self.redelivered = counter(
             "jobs_redelivered", "Jobs delivered again after an earlier attempt started", []
         )
+        self.resumed_tokens = counter(
+            "resumed_tokens",
+            "Output tokens of earlier attempts that taken-over jobs resumed from",
+            [],
+        )
         self.results = counter(
             "results_produced", "Results produced to the results topic", ["status"]
         )

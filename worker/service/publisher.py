@@ -31,6 +31,7 @@ from queue_schemas.redis_records import (
     finish_call,
     mark_sent,
     start_call,
+    streamed_output,
     write_state,
 )
 from worker.service.retry import Dependency
@@ -102,6 +103,18 @@ class RedisPublisher:
                 await self._finish(keys=keys, args=args, client=pipe)
             replies = await pipe.execute()
             return [bool(reply) for reply in replies[len(replies) - len(finished) :]]
+
+        return await self.available.call(attempt)
+
+    async def streamed(self, jobs: Sequence[tuple[str, str]]) -> list[list[TokenEvent]]:
+        """What readers hold of each (tenant, job id)'s output: earlier attempts' token
+        events as a reader de-duplicates them, contiguous from index 0."""
+
+        async def attempt() -> list[list[TokenEvent]]:
+            pipe = self.client.pipeline(transaction=False)
+            for tenant, job_id in jobs:
+                pipe.xrange(self.names.events_stream(tenant, job_id), "-", "+")
+            return [streamed_output(entries or []) for entries in await pipe.execute()]
 
         return await self.available.call(attempt)
 

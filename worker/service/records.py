@@ -2,9 +2,12 @@
 
 Nothing a producer can put in a record raises here: a null value (a
 tombstone), an empty or oversized one, bytes that are not UTF-8 or not JSON,
-a document that fails the schema. Each is a ``Rejected`` with its reason.
+a document that fails the schema. Each is a ``Rejected`` with its reason, and
+with the job it names where that can be read (from an oversized record's first
+members), so that the job ends failed rather than never.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -29,7 +32,10 @@ def reason_for(error: BaseException) -> str:
     return str(error) if isinstance(error, ValueError) else f"cannot be served: {error!r}"
 
 
-UNREADABLE, INVALID, REFUSED = "unreadable", "invalid", "refused"
+UNREADABLE, INVALID, REFUSED, TOO_LARGE = "unreadable", "invalid", "refused", "too_large"
+# How much of an oversized record is read for the job it names (its first members:
+# a JobRequest as genfleet writes it starts with job_id and tenant).
+OWNER_SCAN_BYTES = 64 * 1024
 _JOB_ID = TypeAdapter(JobId)
 _TENANT = TypeAdapter(TenantName)
 
@@ -47,6 +53,46 @@ def _readable_owner(document: object) -> tuple[str, str] | None:
         return None
 
 
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _owner_in_prefix(prefix: bytes) -> tuple[str, str] | None:
+    """The (job id, tenant) that the top-level members at the start of a JSON object
+    name, read up to the first member the prefix cuts (tenant: ``default`` unless named
+    before that); None without a valid job id there."""
+    try:
+        text = prefix.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(prefix) - 3:
+            return None  # not UTF-8, short of a character the cut split
+        text = prefix[: error.start].decode("utf-8")
+    decoder = json.JSONDecoder()
+    members: dict[str, object] = {}
+    i = _skip_space(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i += 1
+    with contextlib.suppress(ValueError, IndexError):  # the cut, or not JSON: stop there
+        while True:
+            i = _skip_space(text, i)
+            if not text.startswith('"', i):
+                break
+            key, i = decoder.raw_decode(text, i)
+            i = _skip_space(text, i)
+            if not text.startswith(":", i):
+                break
+            value, i = decoder.raw_decode(text, _skip_space(text, i + 1))
+            members[str(key)] = value
+            i = _skip_space(text, i)
+            if not text.startswith(",", i):
+                break
+            i += 1
+    return _readable_owner(members) if "job_id" in members else None
+
+
 def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
     """Validate a record's value; every failure names what is wrong with it."""
     if raw is None:
@@ -56,9 +102,9 @@ def parse_job(raw: bytes | None, max_bytes: int) -> JobRequest | Rejected:
     if not raw:
         return Rejected("empty value: a job record must carry a JobRequest", UNREADABLE)
     if len(raw) > max_bytes:
-        return Rejected(
-            f"record of {len(raw)} bytes is larger than the limit of {max_bytes}", "too_large"
-        )
+        reason = f"record of {len(raw)} bytes is larger than the limit of {max_bytes}"
+        owner = _owner_in_prefix(raw[:OWNER_SCAN_BYTES])
+        return Rejected(reason, TOO_LARGE, *(owner or ()))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

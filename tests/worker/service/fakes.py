@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from queue_schemas import DeadLetter, JobRequest, JobResult, SamplingOptions
 from queue_schemas.redis_records import Delivery
-from worker.service.engine_protocol import EngineLoad
+from worker.service.engine_protocol import Accepted, EngineLoad
 from worker.service.metrics import WorkerMetrics
 from worker.service.publisher import redis_outage
 from worker.service.retry import Dependency
@@ -36,13 +36,22 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.added: list[tuple[str, JobRequest, SamplingOptions]] = []
+        self.resumed: dict[str, list[int]] = {}  # request id -> resumed token ids
         self.aborted: list[str] = []
         self.load = EngineLoad(free_blocks=100, total_blocks=100, waiting=0)
 
-    def add(self, request_id: str, job: JobRequest, params: SamplingOptions) -> asyncio.Future:
+    def add(
+        self,
+        request_id: str,
+        job: JobRequest,
+        params: SamplingOptions,
+        resumed_token_ids: list[int] | None = None,
+    ) -> asyncio.Future:
         self.added.append((request_id, job, params))
+        self.resumed[request_id] = list(resumed_token_ids or [])
         accepted: asyncio.Future = asyncio.get_running_loop().create_future()
-        accepted.set_result(params.with_defaults())
+        resumed = len(self.resumed[request_id])
+        accepted.set_result(Accepted(request_id, params.with_defaults(), resumed, 0))
         return accepted
 
     def abort(self, request_id: str) -> None:
@@ -58,6 +67,8 @@ class FakePublisher:
     events: list = field(default_factory=list)
     sent: list[tuple[str, str]] = field(default_factory=list)
     started: list[tuple[str, str]] = field(default_factory=list)
+    # (tenant, job id) -> earlier attempts' token events, as readers hold them
+    streams: dict[tuple[str, str], list] = field(default_factory=dict)
     available: Dependency = field(default_factory=lambda: Dependency("redis", redis_outage))
 
     async def deliveries(self, jobs):
@@ -66,6 +77,9 @@ class FakePublisher:
     async def start(self, jobs):
         self.started += jobs
         return [True for _ in jobs]
+
+    async def streamed(self, jobs):
+        return [self.streams.get(job, []) for job in jobs]
 
     async def publish(self, events, finished, history):
         self.events += events

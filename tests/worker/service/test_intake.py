@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queue_schemas import JobRequest, JobStatus
+from queue_schemas import JobRequest, JobStatus, TokenEvent
 from queue_schemas.redis_records import Delivery
 from tests.worker.service.fakes import (
     LANE,
@@ -176,3 +176,33 @@ async def test_an_invalid_record_is_dead_lettered_and_a_job_it_names_fails() -> 
     assert len(parts.kafka.dead_letters) == 2
     assert [(r.job_id, r.status) for r in parts.kafka.results] == [("bad", JobStatus.FAILED)]
     assert parts.engine.added == [] and parts.committable() == 2
+
+
+async def test_a_taken_over_job_resumes_from_what_readers_hold_and_its_result_is_whole() -> None:
+    parts = Parts()
+    key = ("default", "again")
+    parts.publisher.past[key] = Delivery(status=JobStatus.RUNNING)
+    streamed = [TokenEvent(job_id="again", token_index=i, text=t, token_ids=[10 + i])
+                for i, t in enumerate(["He", "llo"])]  # fmt: skip
+    parts.publisher.streams[key] = streamed
+    await parts.take(_job("again"))
+    ((request_id, _, _),) = parts.engine.added
+    assert parts.engine.resumed[request_id] == [10, 11]
+    parts.pump.stepped([_delta(request_id, 2, [12], finished=True)])
+    await parts.pump._publish(await parts.pump._outputs.get())
+    sending = asyncio.create_task(parts.pump.run_results())
+    await parts.settle()
+    sending.cancel()
+    (result,) = parts.kafka.results
+    assert result.token_ids == [10, 11, 12] and result.text == "Hellox"
+    assert parts.metrics.resumed_tokens._value.get() == 2
+
+
+async def test_a_job_started_here_first_is_not_resumed() -> None:
+    parts = Parts()
+    parts.publisher.streams[("default", "fresh")] = [
+        TokenEvent(job_id="fresh", token_index=0, text="x", token_ids=[5])
+    ]  # a stream without an earlier attempt's start is not read
+    await parts.take(_job("fresh"))
+    ((request_id, _, _),) = parts.engine.added
+    assert parts.engine.resumed[request_id] == []
