@@ -238,8 +238,16 @@ async def _until(
     return reached
 
 
-async def failover(target: Target, jobs: int = 24, tokens: int = 150, bar_s: float = 15.0):
-    """kill -9 of a worker mid-generation: another takes its jobs over within seconds."""
+async def failover(
+    target: Target,
+    jobs: int = 24,
+    tokens: int = 150,
+    bar_s: float = 15.0,
+    stall_bar_s: float = 15.0,
+):
+    """kill -9 of a worker mid-generation: another takes its jobs over within seconds,
+    and their streams stand still no longer than ``stall_bar_s`` (from the kill to a
+    token index past the last one readers had)."""
     name = "failover after kill -9"
     faults = target.faults
     if faults.kill_worker is None:
@@ -259,24 +267,38 @@ async def failover(target: Target, jobs: int = 24, tokens: int = 150, bar_s: flo
                 for j, s in now.items()
                 if s and s["status"] == "running" and s["worker"] == killed
             }
+            held = {j: await states.last_index(j) for j in orphans}
             taken: dict[str, float] = {}
-            while len(taken) < len(orphans) and time.monotonic() - killed_at < target.timeout_s:
+            stalls: dict[str, float] = {}
+            while len(stalls) < len(orphans) and time.monotonic() - killed_at < target.timeout_s:
                 for j in orphans - set(taken):
                     state = await states.state(j)
                     if state and (state["worker"] != killed or state["status"] != "running"):
                         taken[j] = time.monotonic() - killed_at
-                await asyncio.sleep(0.1)
+                for j in orphans - set(stalls):
+                    last = await states.last_index(j)
+                    before = held[j]
+                    if last is not None and before is not None and last > before:
+                        stalls[j] = time.monotonic() - killed_at
+                await asyncio.sleep(0.05)
             await wait_for(lambda: len(results.counts()) >= jobs, target.timeout_s)
             await asyncio.sleep(2.0)
             counts = results.counts()
     finally:
         await states.close()
     slowest = max(taken.values(), default=0.0)
+    stall = max(stalls.values(), default=0.0)
     once = sum(counts[j] == 1 for j in ids)
-    passed = len(taken) == len(orphans) and slowest <= bar_s and once == jobs
+    passed = (
+        len(taken) == len(stalls) == len(orphans)
+        and slowest <= bar_s
+        and stall <= stall_bar_s
+        and once == jobs
+    )
     detail = (
         f"{killed} killed with {len(orphans)} jobs running; taken over {len(taken)}, "
-        f"slowest after {slowest:.1f} s (bar {bar_s:.0f} s); one result {once}/{jobs}"
+        f"slowest after {slowest:.1f} s (bar {bar_s:.0f} s); longest stream stall "
+        f"{stall:.1f} s (bar {stall_bar_s:.0f} s); one result {once}/{jobs}"
     )
     return Verdict(name, passed, detail)
 

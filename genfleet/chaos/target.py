@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
 from queue_schemas import DeadLetter, JobResult, Names
-from queue_schemas.redis_records import read_state
+from queue_schemas.redis_records import read_state, streamed_output
 
 T = TypeVar("T")
 
@@ -215,6 +215,15 @@ class JobStates:
             if event.get("kind") == "token":
                 pieces.setdefault(event["token_index"], event["text"])
         return "".join(pieces[index] for index in sorted(pieces))
+
+    async def last_index(self, job_id: str) -> int | None:
+        """The last token index a reader of the job holds (-1: none yet)."""
+        stream = self.names.events_stream(self.tenant, job_id)
+        entries = await self._read(lambda: self.client.xrange(stream))
+        if entries is None:
+            return None
+        events = streamed_output(entries)
+        return events[-1].last_index if events else -1
 
 
 def alive(target: Target) -> int | None:
