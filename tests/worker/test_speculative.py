@@ -70,8 +70,16 @@ def _proposer(name: str, tiny_models) -> dict:
     return {"model": str(tiny_models[draft][0]), "num_speculative_tokens": 3}
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "draft-self", "draft-other"])
-@pytest.mark.parametrize("scenario", SCENARIOS)
+# Every scheduling scenario with n-gram drafts and with the target as its own draft
+# model (all drafts right: the draft cache must follow the target's through
+# preemption, chunks and cached prefixes); another model's drafts in the plain one.
+CASES = [
+    *((scenario, proposer) for scenario in SCENARIOS for proposer in ("ngram", "draft-self")),
+    ("default", "draft-other"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "proposer"), CASES)
 def test_greedy_output_is_identical_with_speculation(tiny_models, scenario, proposer) -> None:
     folder, _ = tiny_models["llama-untied"]
     prompts = _copying_prompts(seed=3)
