@@ -344,7 +344,7 @@ class LLMEngine:
             if seq.num_computed_tokens + n == seq.num_tokens + len(seq.draft_token_ids)
         ]
         plain, plain_rows, verified = self._split_rows(logits, sampling)
-        result = sample(logits[plain_rows] if verified else logits, plain)
+        result = sample(logits[plain_rows] if verified else logits, plain, self.eos_token_ids)
         if result.mask_seconds:
             self.mask_seconds += result.mask_seconds
             self.masked_steps += 1
@@ -389,7 +389,8 @@ class LLMEngine:
         for seq, first in verifying:
             width = 1 + len(seq.draft_token_ids)
             rows = logits[first : first + width]
-            verified.append((seq, *verify(rows, seq, choices[first : first + width])))
+            choice = choices[first : first + width]
+            verified.append((seq, *verify(rows, seq, choice, self.eos_token_ids)))
         return plain, plain_rows, verified
 
     def _accept(

@@ -68,6 +68,33 @@ def apply_penalties(
     return logits - _column(seqs, "presence_penalty", device)[:, None] * (output_counts > 0)
 
 
+def hold_back_stops(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    eos_token_ids: set[int],
+    outputs: list[int] | None = None,
+) -> torch.Tensor:
+    """Rows short of their ``min_tokens`` cannot choose a stop token id, nor EOS unless
+    ``ignore_eos`` (vLLM's rule). ``outputs``: each row's output length, where it is not
+    its sequence's own (a verifying row counts the drafts before it)."""
+    lengths = outputs if outputs is not None else [s.num_output_tokens for s in seqs]
+    rows, columns = [], []
+    for row, (seq, length) in enumerate(zip(seqs, lengths, strict=True)):
+        params = seq.params
+        if length >= params.min_tokens:
+            continue
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_token_ids)
+        for token in stops:
+            if 0 <= token < logits.shape[1]:
+                rows.append(row)
+                columns.append(token)
+    if not rows:
+        return logits
+    held = logits.clone()
+    held[rows, columns] = float("-inf")
+    return held
+
+
 def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Mask tokens outside top-k, top-p and min-p with -inf."""
     device = logits.device
@@ -141,14 +168,19 @@ def probabilities(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return _filter(logits / temperature[:, None], seqs).softmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int] | None = None
+) -> SampleResult:
     """Pick the next token of each row; logprobs are of the model's raw distribution.
     A constrained row picks among what its grammar allows: the mask comes first, so
-    penalties, temperature and top-k/p act inside the allowed set."""
+    penalties, temperature and top-k/p act inside the allowed set; a row short of its
+    ``min_tokens`` picks no stop token (``hold_back_stops``)."""
     raw_logits = logits
     began = time.perf_counter()
     logits = apply_masks(logits, seqs)
     mask_seconds = time.perf_counter() - began if logits is not raw_logits else 0.0
+    if any(s.params.min_tokens for s in seqs):
+        logits = hold_back_stops(logits, seqs, eos_token_ids or set())
     if any(s.params.uses_penalties for s in seqs):
         logits = apply_penalties(logits, seqs)
     tokens = logits.argmax(dim=-1)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from worker.config import SpeculativeConfig
-from worker.sampler import apply_penalties, probabilities, token_logprobs
+from worker.sampler import apply_penalties, hold_back_stops, probabilities, token_logprobs
 from worker.sequence import Sequence
 from worker.structured_output import masks_along
 
@@ -114,7 +114,7 @@ def keep_to_grammar(seq: Sequence) -> None:
 
 
 def verify(
-    logits: torch.Tensor, seq: Sequence, choices: list[int] | None
+    logits: torch.Tensor, seq: Sequence, choices: list[int] | None, eos_token_ids: set[int]
 ) -> tuple[list[int], list[dict[int, float] | None]]:
     """The tokens a verifying sequence takes (drafts kept, then one of the model's own)
     and their logprobs where asked. ``logits`` [k + 1, vocab] are the model's raw rows
@@ -124,6 +124,9 @@ def verify(
     scored = logits
     if seq.constraint is not None:
         scored = masks_along(scored, seq.constraint, drafts)
+    if seq.num_output_tokens < seq.params.min_tokens:
+        lengths = [seq.num_output_tokens + j for j in range(len(rows))]
+        scored = hold_back_stops(scored, rows, eos_token_ids, lengths)
     if seq.params.uses_penalties:
         outputs = seq.output_token_ids
         scored = apply_penalties(scored, rows, [outputs + drafts[:j] for j in range(len(rows))])

@@ -89,3 +89,16 @@ def test_logprobs_of_the_sampled_token_and_top_alternatives() -> None:
 def test_bad_sampling_params_name_the_field(field: str, value: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
+
+
+def test_a_row_short_of_min_tokens_picks_no_stop_token_and_no_eos() -> None:
+    """vLLM's rule: below ``min_tokens`` the stop ids (and EOS, unless ignore_eos) are
+    out of reach; at it, they are back."""
+    logits = torch.tensor([[0.0, 5.0, 4.0, 3.0, 1.0]] * 3)  # 1 leads, then 2, then 3
+    eos = {1}
+    rows = [
+        _seq(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[2]), output=(4,)),
+        _seq(SamplingParams(temperature=0, min_tokens=3, ignore_eos=True), output=(4,)),
+        _seq(SamplingParams(temperature=0, min_tokens=1, stop_token_ids=[2]), output=(4,)),
+    ]
+    assert sample(logits, rows, eos).token_ids == [3, 1, 1]

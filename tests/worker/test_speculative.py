@@ -211,7 +211,7 @@ def test_a_penalty_counts_the_drafts_before_each_position() -> None:
     seq = Sequence("a", [0, 1], params, arrival_index=0)
     seq.draft_token_ids = [2, 2]
     logits = torch.tensor([[0.0, 0.0, 2.0, 1.9, 0.0]] * 3)
-    tokens, logprobs = verify(logits, seq, logits.argmax(dim=-1).tolist())
+    tokens, logprobs = verify(logits, seq, logits.argmax(dim=-1).tolist(), set())
     assert tokens == [2, 3] and logprobs == [None, None]
 
 
