@@ -72,12 +72,13 @@ def hold_back_stops(
     logits: torch.Tensor,
     seqs: list[Sequence],
     eos_token_ids: set[int],
-    outputs: list[int] | None = None,
+    lengths: list[int] | None = None,
 ) -> torch.Tensor:
     """Rows short of their ``min_tokens`` cannot choose a stop token id, nor EOS unless
-    ``ignore_eos`` (vLLM's rule). ``outputs``: each row's output length, where it is not
+    ``ignore_eos`` (vLLM's rule). ``lengths``: each row's output length, where it is not
     its sequence's own (a verifying row counts the drafts before it)."""
-    lengths = outputs if outputs is not None else [s.num_output_tokens for s in seqs]
+    if lengths is None:
+        lengths = [s.num_output_tokens for s in seqs]
     rows, columns = [], []
     for row, (seq, length) in enumerate(zip(seqs, lengths, strict=True)):
         params = seq.params

@@ -95,8 +95,17 @@ def _safetensors_tensors(
                 view = checkpoint.get_slice(name)
                 # GPTQ/AWQ's packed tensors are split once re-packed (use_int4).
                 packed = name.endswith(INT4_SUFFIXES)
-                take = None if packed else tp.checkpoint_slice(name, view.get_shape(), config)
-                yield name, checkpoint.get_tensor(name) if take is None else take(view)
+                split = None if packed else tp.split_of(name, view.get_shape(), config)
+                yield name, checkpoint.get_tensor(name) if split is None else split.take(view)
+
+
+def _rank_parts(
+    tensors: Mapping[str, torch.Tensor], tp: TensorParallel, config: PretrainedConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """This rank's part of each whole tensor (GGUF's de-quantized ones)."""
+    for name, tensor in tensors.items():
+        split = tp.split_of(name, list(tensor.shape), config)
+        yield name, tensor if split is None else split.take(tensor)
 
 
 def load_model(
@@ -113,11 +122,7 @@ def load_model(
     tensors: Iterator[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
     if is_gguf_file(path):
         model, float_tensors = load_gguf_model(path, dtype, device, tp)
-        tensors = (
-            (name, tensor if take is None else take(tensor))
-            for name, tensor in float_tensors.items()
-            for take in [tp.checkpoint_slice(name, list(tensor.shape), model.config)]
-        )
+        tensors = _rank_parts(float_tensors, tp, model.config)
     else:
         config = load_config(path)
         scheme = int4_scheme(config)  # a GPTQ / AWQ checkpoint, or None

@@ -12,11 +12,10 @@ and an all-reduce sums the one rank that has it; logits come together in one
 all-gather. A row-parallel bias is added once: rank 0 holds it, the others zeros.
 Norms are replicated.
 
-Each rank reads only its slices of the checkpoint (``checkpoint_slice``), so its
+Each rank reads only its part of the checkpoint (``split_of``, ``Split.take``), so its
 weights take about 1/size of the memory.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,16 +117,6 @@ class TensorParallel:
             local = self.split(shape[0], f"{module} output features")
             return Split(0, self.rank * local, local)
         return None
-
-    def checkpoint_slice(
-        self, name: str, shape: list[int], config: PretrainedConfig
-    ) -> Callable[[Any], torch.Tensor] | None:
-        """How this rank takes checkpoint tensor ``name`` from a safetensors slice (or a
-        tensor), reading only its part; None: whole."""
-        split = self.split_of(name, shape, config)
-        if split is None:
-            return None
-        return split.take
 
 
 @dataclass(frozen=True)

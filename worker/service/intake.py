@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from queue_schemas import DeadLetter, JobRequest, SamplingOptions, TokenEvent
+from queue_schemas import DeadLetter, JobRequest, SamplingOptions
 from queue_schemas.messages import now
 from queue_schemas.names import Names
 from queue_schemas.redis_records import Delivery
@@ -39,7 +39,7 @@ from worker.service.kafka_out import KafkaOut
 from worker.service.metrics import WorkerMetrics
 from worker.service.offsets import OffsetTracker
 from worker.service.output_pump import OutputPump
-from worker.service.publisher import RedisPublisher, redis_outage
+from worker.service.publisher import RedisPublisher
 from worker.service.records import UNREADABLE, Rejected, parse_job
 from worker.service.settings import WorkerSettings
 from worker.service.wire import (
@@ -223,7 +223,8 @@ class Intake:
         running = await self.publisher.start([flight.key for flight in flights])
         taken = [flight for flight in flights if flight.taken_over]
         if taken:  # resume from what readers hold, not from the prompt
-            for flight, events in zip(taken, await self._streamed(taken), strict=True):
+            streams = await self.publisher.streamed([flight.key for flight in taken])
+            for flight, events in zip(taken, streams, strict=True):
                 flight.resume_from(events)
         for start, ok in zip(starting, running, strict=True):
             flight = start.flight
@@ -237,16 +238,6 @@ class Intake:
             # Not awaited: the engine answers between steps, and intake must not wait
             # a step (up to a long prefill) before its next fetch.
             added.add_done_callback(functools.partial(self._answered, start))
-
-    async def _streamed(self, flights: list[InFlight]) -> list[list[TokenEvent]]:
-        """Earlier attempts' output of each flight; none (they start over) without Redis."""
-        try:
-            return await self.publisher.streamed([flight.key for flight in flights])
-        except Exception as error:
-            if not redis_outage(error):
-                raise
-            log.warning("redis away: %d taken-over jobs start over", len(flights))
-            return [[] for _ in flights]
 
     def _answered(self, start: _Start, answer: "asyncio.Future[Accepted]") -> None:
         flight = start.flight
