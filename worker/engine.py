@@ -25,7 +25,7 @@ from worker.models.loader import load_config, load_model
 from worker.models.sharding import TensorParallel
 from worker.output_processor import append_token, text_ready
 from worker.outputs import RequestDelta, Timings, Usage
-from worker.ranks import Ranks, check_layout, rank_threads
+from worker.ranks import DEAD_PEER_WAIT_S, Ranks, check_layout, rank_threads
 from worker.sampler import sample
 from worker.scheduler import Scheduler, SchedulerOutput
 from worker.sequence import Sequence
@@ -337,7 +337,13 @@ class LLMEngine:
             return deltas
         if self.ranks is not None:
             self.ranks.check()
-        logits = self.runner.execute(batch)
+        try:
+            logits = self.runner.execute(batch)
+        except RuntimeError as error:  # gloo/NCCL say "peer closed": say which rank ended
+            ended = None if self.ranks is None else self.ranks.ended(DEAD_PEER_WAIT_S)
+            if ended:
+                raise RuntimeError(ended) from error
+            raise
         sampling = [
             seq
             for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,6 +49,8 @@ STOP, STEP = 0, 1
 HEADER = 4  # command, tokens, sequences, sampled rows
 # How long rank 0 may take to fail on its own once a follower has failed to start.
 STARTUP_GRACE_S = 3.0
+# A failed collective names the rank that ended when it is seen gone within this.
+DEAD_PEER_WAIT_S = 1.0
 # A collective that waits this long has lost a peer (steps take milliseconds).
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
@@ -207,7 +210,8 @@ class Ranks:
                 os._exit(1)
 
     def abort(self) -> None:
-        """Rank 0 failed to start: end the followers, leave the group."""
+        """Rank 0 failed to start, or a follower ended: end the followers, leave the
+        group."""
         self.stopped = True
         for process in self.followers:
             process.kill()
@@ -217,19 +221,34 @@ class Ranks:
 
     def check(self) -> None:
         """RuntimeError when a follower has ended: the model is no longer whole."""
-        for rank, process in enumerate(self.followers, start=1):
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"tensor-parallel rank {rank} (pid {process.pid}) ended with exit code "
-                    f"{process.returncode}: the engine cannot go on without it"
-                )
+        ended = self.ended()
+        if ended:
+            raise RuntimeError(ended)
+
+    def ended(self, wait_s: float = 0.0) -> str | None:
+        """Which follower has ended, looking for up to ``wait_s``; None while all run."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, process in enumerate(self.followers, start=1):
+                if process.poll() is not None:
+                    return (
+                        f"tensor-parallel rank {rank} (pid {process.pid}) ended with exit "
+                        f"code {process.returncode}: the engine cannot go on without it"
+                    )
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def stop(self) -> None:
-        """Stop the followers and leave the group (once)."""
+        """Stop the followers and leave the group (once). With a follower gone the group
+        is broken, and a goodbye could wait on the dead peer: the others are killed."""
         if self.stopped:
             return
+        if self.ended() is not None:
+            self.abort()
+            return
         self.stopped = True
-        with contextlib.suppress(Exception):  # a follower already gone: nothing to tell
+        with contextlib.suppress(Exception):  # a follower gone meanwhile: nothing to tell
             self.channel.stop()
         for process in self.followers:
             try:

@@ -29,18 +29,20 @@ OUTAGES = (RedisError, KafkaError, OSError, ApiError)
 
 
 class ResultsReader:
-    """``on_new(batch id, result)`` hears each batch job's result the first time."""
+    """``on_result(batch id, result)`` hears each batch job's recorded result, every
+    time it is read: a result whose recording an outage interrupted is read again, and
+    the runner must hear it then (it keeps the first per job)."""
 
     def __init__(
         self,
         settings: ApiSettings,
         store: BatchStore,
-        on_new: Callable[[str, JobResult], None],
+        on_result: Callable[[str, JobResult], None],
     ) -> None:
         self.settings = settings
         self.names = settings.names
         self.store = store
-        self.on_new = on_new
+        self.on_result = on_result
         self.consumer = AIOKafkaConsumer(
             self.names.results_topic,
             bootstrap_servers=settings.kafka_bootstrap,
@@ -76,7 +78,7 @@ class ResultsReader:
                 fetched = await self.consumer.getmany(timeout_ms=500)
                 for records in fetched.values():
                     for record in records:
-                        await self._take(record.value)
+                        await self.take(record.value)
                 if fetched:
                     await self.consumer.commit()
             except OUTAGES as error:
@@ -94,7 +96,8 @@ class ResultsReader:
                 else:
                     self.consumer.seek(partition, committed)
 
-    async def _take(self, value: bytes | None) -> None:
+    async def take(self, value: bytes | None) -> None:
+        """Record a result record's value (when it is a batch job's) and pass it on."""
         try:
             result = JobResult.model_validate_json(value or b"")
         except ValueError:
@@ -102,5 +105,4 @@ class ResultsReader:
         batch_id = batch_of(result.job_id)
         if batch_id is None or not await self.store.exists(result.tenant, batch_id):
             return  # not a batch's job, or a batch this fleet never made
-        if await self.store.record_result(result.tenant, batch_id, result):
-            self.on_new(batch_id, result)
+        self.on_result(batch_id, await self.store.record_result(result.tenant, batch_id, result))

@@ -73,7 +73,7 @@ class BatchRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.fleet.start()
-        results = ResultsReader(self.settings, self.store, self._new_result)
+        results = ResultsReader(self.settings, self.store, self._result)
         try:
             await results.start(stop)
             reading = asyncio.create_task(results.run(stop))
@@ -91,11 +91,14 @@ class BatchRunner:
             await results.stop()
             await self.fleet.stop()
 
-    def _new_result(self, batch_id: str, result: JobResult) -> None:
-        """A batch job's result, recorded for the first time: it counts, and it wakes the
-        runner (a window has room, or the batch may be done)."""
-        if batch_id in self._done:
-            self._done[batch_id][result.job_id] = slim(result)
+    def _result(self, batch_id: str, result: JobResult) -> None:
+        """A batch job's recorded result: new here, it counts and wakes the runner (a
+        window has room, or the batch may be done)."""
+        done = self._done.get(batch_id)
+        if done is not None:  # else the batch's first walk reads its results from Redis
+            if result.job_id in done:
+                return
+            done[result.job_id] = slim(result)
         self._result_came.set()
 
     async def _until_next_tick(self, stop: asyncio.Event, walk_s: float) -> None:

@@ -90,10 +90,16 @@ class BatchStore:
     async def drop_results(self, batch: BatchObject) -> None:
         await self.redis.delete(self.names.batch_results_key(batch.tenant, batch.id))
 
-    async def record_result(self, tenant: str, batch_id: str, result: JobResult) -> bool:
-        """True when this job's result is new to the batch."""
+    async def record_result(self, tenant: str, batch_id: str, result: JobResult) -> JobResult:
+        """The job's result as the batch counts it: this one, unless one was recorded
+        before (read twice; or recorded by a call whose reply an outage cut off, which
+        a retry then finds there)."""
         key = self.names.batch_results_key(tenant, batch_id)
-        return bool(await self.redis.hsetnx(key, result.job_id, result.model_dump_json()))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hsetnx(key, result.job_id, result.model_dump_json())
+        pipe.hget(key, result.job_id)
+        _, stored = await pipe.execute()
+        return JobResult.model_validate_json(stored)
 
     async def results(self, batch: BatchObject) -> dict[str, JobResult]:
         stored = await self.redis.hgetall(self.names.batch_results_key(batch.tenant, batch.id))

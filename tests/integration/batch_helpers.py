@@ -3,6 +3,7 @@ lines, and waiting for a batch to reach a status."""
 
 import json
 import time
+from pathlib import Path
 
 from openai import OpenAI
 
@@ -34,14 +35,28 @@ def create_batch(client: OpenAI, lines: list[dict]):
     )  # fmt: skip
 
 
-def wait_for_status(client: OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 180):
+def wait_for_status(
+    client: OpenAI,
+    batch_id: str,
+    statuses: set[str],
+    timeout_s: float = 180,
+    log_dir: Path | None = None,
+):
+    """The batch once its status is one of ``statuses``; on timeout an AssertionError
+    with its counts and the last lines of the fleet's logs in ``log_dir``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         batch = client.batches.retrieve(batch_id)
         if batch.status in statuses:
             return batch
         time.sleep(0.5)
-    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s} s")
+    tails = "".join(
+        f"\n--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-40:])
+        for path in sorted(log_dir.glob("*.log") if log_dir else [])
+    )
+    raise AssertionError(
+        f"batch {batch_id} still {batch.status} after {timeout_s} s ({batch.request_counts}){tails}"
+    )
 
 
 def read_jsonl(client: OpenAI, file_id: str) -> list[dict]:

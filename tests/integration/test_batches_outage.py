@@ -33,7 +33,9 @@ def test_a_batch_goes_on_through_a_redis_restart(chat_model, tmp_path) -> None:
             assert time.monotonic() < deadline, "the batch did not get going"
             time.sleep(0.2)
         fleet.restart_redis(down_s=1.0)
-        done = wait_for_status(client, batch.id, {"completed", "failed"}, timeout_s=60)
+        done = wait_for_status(
+            client, batch.id, {"completed", "failed"}, timeout_s=60, log_dir=tmp_path
+        )
         assert done.status == "completed"
         output = read_jsonl(client, done.output_file_id)
         assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(60)]
