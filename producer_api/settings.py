@@ -2,6 +2,7 @@
 and ``genfleet api`` flags."""
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -57,6 +58,18 @@ class ApiSettings(FleetSettings):
     )
     backlog_refresh_s: float = Field(
         2.0, gt=0, description="how often the fleet's backlog is read from Kafka"
+    )
+    # Which partition a job goes to (``services.affinity``).
+    partition_key: Literal["affinity", "job_id"] = Field(
+        "affinity",
+        description="key jobs by conversation (affinity: prompt_cache_key, user or the "
+        "prompt's opening) or by job id (spread evenly, no cache affinity)",
+    )
+    affinity_spill_after: int = Field(
+        64, ge=1, description="jobs of one affinity key per window before it spills over"
+    )
+    affinity_window_s: float = Field(
+        10.0, gt=0, description="the window in which an affinity key's jobs are counted"
     )
     # Delivery.
     redis_max_connections: int = Field(32, ge=2, description="Redis connections besides pub/sub")

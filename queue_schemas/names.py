@@ -100,3 +100,7 @@ class Names:
     def tenant_rate_key(self, tenant: str, window: int) -> str:
         """Counter of the tenant's new jobs in one rate-limit window."""
         return f"{self.prefix}tenant:{tenant}:rate:{window}"
+
+    def affinity_counter_key(self, affinity_key: str, window: int) -> str:
+        """Jobs of an affinity key in one window (a hot key spills past a bound)."""
+        return f"{self.prefix}affinity:{affinity_key}:{window}"

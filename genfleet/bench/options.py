@@ -104,5 +104,14 @@ def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "4 tokens, lookups of 2-4): copying and chat prompts one at a time, the burst, "
         "a batch of 64",
     )
+    parser.add_argument(
+        "--conversations",
+        action="store_true",
+        help="multi-turn chats on two workers: jobs keyed by conversation against keyed "
+        "by job id, and one worker (prefix-cache hit rate, TTFT of later turns)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="--conversations: runs of each, alternating"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")

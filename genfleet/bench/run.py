@@ -99,6 +99,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
         flags = worker_flags(_worker_settings(args, folder))
         window = args.batch_max_in_flight
         return run_batch_mix(folder, flags, args.model, tokenizer, args.seed, window, console)
+    if args.conversations:
+        from genfleet.bench.conversations import run_conversations
+        from genfleet.bench.fleet import worker_flags
+
+        flags = worker_flags(_worker_settings(args, folder))
+        return run_conversations(folder, args.model, flags, args.seed, args.rounds, console)
     if args.weights:
         from genfleet.bench.weights import run_weights
 

@@ -195,9 +195,11 @@ class BatchRunner:
         window = self.settings.batch_max_in_flight
         while submitted < len(lines) and submitted - lines_done < window:
             chunk = lines[submitted : submitted + min(SUBMIT_CHUNK, window)]
-            jobs = [job for line in chunk for job in line.run.jobs]
+            hinted = [(job, line.run.affinity_hint) for line in chunk for job in line.run.jobs]
+            jobs = [job for job, _ in hinted]
+            keys = await self.fleet.partition_keys(hinted)
             await self.fleet.store.record_queued(jobs)
-            await self.fleet.submitter.submit(jobs, self.names.batch_jobs_topic)
+            await self.fleet.submitter.submit(jobs, keys, self.names.batch_jobs_topic)
             submitted += len(chunk)
             await self.store.submitted(batch, submitted)
 

@@ -117,7 +117,7 @@ async def _respond(
     fleet: Fleet, tenant: Tenant, body: GenerationRequest, run: Run, request: Request
 ) -> Response:
     fleet.backlog.admit_interactive()
-    await fleet.submit(tenant, run.jobs, route=request.url.path)
+    await fleet.submit(tenant, run.jobs, route=request.url.path, hint=run.affinity_hint)
     if body.stream:
         chunks = _chunks(fleet, tenant, run, body.include_usage)
         hang_up = functools.partial(cancel_all, fleet, tenant, run, HUNG_UP)

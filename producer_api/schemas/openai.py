@@ -133,6 +133,8 @@ class GenerationRequest(BaseModel):
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     max_tokens: OutputTokens | None = None
     user: str | None = None
+    # OpenAI's: requests sharing a long prefix say so; the fleet keeps them together.
+    prompt_cache_key: str | None = None
     # vLLM's extras.
     top_k: TopK | None = None
     min_p: MinP | None = None
@@ -150,6 +152,11 @@ class GenerationRequest(BaseModel):
     guided_regex: Annotated[str, Field(min_length=1)] | None = None
     guided_choice: GuidedChoice | None = None
     guided_grammar: Annotated[str, Field(min_length=1)] | None = None
+
+    @property
+    def affinity_hint(self) -> str | None:
+        """What names the request's conversation (``services.affinity``), if anything."""
+        return self.prompt_cache_key or self.user
 
     @field_validator("guided_json")
     @classmethod

@@ -10,6 +10,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from producer_api.auth import KeyRing, Tenant
 from producer_api.metrics import ApiMetrics
+from producer_api.services.affinity import Spill, affinity_key
 from producer_api.services.backlog import FleetBacklog
 from producer_api.services.fanout import LiveFanout
 from producer_api.services.kafka_submit import JobSubmitter
@@ -46,6 +47,9 @@ class Fleet:
         )
         self.store = JobStore(self.redis, self.fanout, settings)
         self.limits = TenantLimits(self.redis, self.names)
+        self.spill = Spill(
+            self.redis, self.names, settings.affinity_spill_after, settings.affinity_window_s
+        )
         self.submitter = JobSubmitter(settings, self.names)
         self.backlog = FleetBacklog(settings, self.names, metrics)
         self.batches = BatchStore(self.redis, self.names)
@@ -71,8 +75,17 @@ class Fleet:
         await self.fanout.stop()
         await self.redis.aclose()
 
-    async def submit(self, tenant: Tenant, jobs: list[JobRequest], route: str) -> None:
-        """Within the tenant's limits, recorded ``queued`` in Redis, acknowledged by Kafka."""
+    async def partition_keys(self, jobs: list[tuple[JobRequest, str | None]]) -> list[str]:
+        """Each (job, affinity hint)'s Kafka record key (``services.affinity``)."""
+        if self.settings.partition_key == "job_id":
+            return [job.job_id for job, _ in jobs]
+        return await self.spill.lanes([affinity_key(job, hint) for job, hint in jobs])
+
+    async def submit(
+        self, tenant: Tenant, jobs: list[JobRequest], route: str, hint: str | None = None
+    ) -> None:
+        """Within the tenant's limits, recorded ``queued`` in Redis, acknowledged by Kafka
+        (keyed by ``hint``, the request's ``prompt_cache_key`` or ``user``, if given)."""
         started = time.perf_counter()
         await self.limits.admit(
             tenant.tenant,
@@ -80,9 +93,10 @@ class Fleet:
             per_minute=self.keys.rate_limit(tenant),
             max_outstanding=self.keys.max_outstanding(tenant),
         )
+        keys = await self.partition_keys([(job, hint) for job in jobs])
         await self.store.record_queued(jobs)
         try:
-            await self.submitter.submit(jobs)
+            await self.submitter.submit(jobs, keys)
         except Exception:
             await self.store.forget(jobs)
             raise

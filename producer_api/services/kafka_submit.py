@@ -64,13 +64,16 @@ class JobSubmitter:
     def _unavailable(self, error: Exception) -> KafkaUnavailable:
         return KafkaUnavailable(type(error).__name__, self.settings.retry_after_s)
 
-    async def submit(self, jobs: list[JobRequest], topic: str | None = None) -> None:
-        """Every job acknowledged by the broker (on the jobs topic unless another lane is
-        named), or KafkaUnavailable."""
+    async def submit(
+        self, jobs: list[JobRequest], keys: list[str], topic: str | None = None
+    ) -> None:
+        """Every job acknowledged by the broker under its record key (on the jobs topic
+        unless another lane is named), or KafkaUnavailable."""
         producer = await self._started()
         try:
             await asyncio.wait_for(
-                self._send_all(producer, jobs, topic or self.names.jobs_topic), self.timeout_s
+                self._send_all(producer, jobs, keys, topic or self.names.jobs_topic),
+                self.timeout_s,
             )
         except (KafkaError, TimeoutError) as error:
             log.warning("kafka send failed: %r; restarting the producer", error)
@@ -78,15 +81,13 @@ class JobSubmitter:
             raise self._unavailable(error) from error
 
     async def _send_all(
-        self, producer: AIOKafkaProducer, jobs: list[JobRequest], topic: str
+        self, producer: AIOKafkaProducer, jobs: list[JobRequest], keys: list[str], topic: str
     ) -> None:
         sends = [
             await producer.send(
-                topic,
-                job.model_dump_json(exclude_none=True).encode(),
-                key=job.job_id.encode(),
+                topic, job.model_dump_json(exclude_none=True).encode(), key=key.encode()
             )
-            for job in jobs
+            for job, key in zip(jobs, keys, strict=True)
         ]
         await asyncio.gather(*sends)
 

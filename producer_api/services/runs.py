@@ -32,6 +32,7 @@ class Run:
     shape: Shape
     jobs: list[JobRequest]
     choices_per_prompt: int
+    affinity_hint: str | None = None  # the request's prompt_cache_key or user
 
     @property
     def job_ids(self) -> list[str]:
@@ -69,7 +70,7 @@ def build_run(
         ]
         shape = TextShape(body.top_logprobs_wanted())
     jobs = jobs_for(run_id, tenant, body, prompts, deadline)
-    return Run(id=run_id, model=model, shape=shape, jobs=jobs, choices_per_prompt=body.n)
+    return Run(run_id, model, shape, jobs, body.n, body.affinity_hint)
 
 
 def jobs_for(

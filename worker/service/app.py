@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -96,6 +98,13 @@ class _Connections:
                 heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
                 fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
                 max_partition_fetch_bytes=max(1_048_576, 2 * settings.max_record_bytes),
+                # A rebalance moves as few partitions as it can: the conversations keyed
+                # to the rest stay with the prefix cache that holds them. Round-robin
+                # while a member of an older release, which knows only it, is in the group.
+                partition_assignment_strategy=(
+                    StickyPartitionAssignor,
+                    RoundRobinPartitionAssignor,
+                ),
             ),
         )
 

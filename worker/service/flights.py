@@ -23,6 +23,7 @@ class Record:
 
     partition: TopicPartition
     offset: int
+    key: bytes | None = None  # the record's key: the job's affinity key, or its producer's
 
 
 @dataclass

@@ -151,7 +151,7 @@ class Intake:
         them all between two steps."""
         jobs: list[tuple[Record, ConsumerRecord, JobRequest]] = []
         for partition, raw in records:
-            record = Record(partition, raw.offset)
+            record = Record(partition, raw.offset, raw.key)
             self.offsets.add(partition, raw.offset)
             try:
                 job = parse_job(raw.value, self.settings.max_record_bytes)

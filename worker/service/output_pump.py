@@ -105,7 +105,7 @@ class OutputPump:
         )
         for (result, record, attempt), won in zip(finished, claims, strict=True):
             if won:
-                text, fields = finished_line(result, attempt)
+                text, fields = finished_line(result, attempt, record)
                 log.info(text, extra=fields)
                 self._to_send.put_nowait((result, record))
             elif record is not None:  # another copy of the job claimed the result first

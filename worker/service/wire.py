@@ -11,7 +11,7 @@ from queue_schemas import Usage as WireUsage
 from queue_schemas.messages import now
 from queue_schemas.versioning import MODEL_DEFAULTS_VERSION, SCHEMA_VERSION
 from worker.service.engine_protocol import Output
-from worker.service.flights import InFlight
+from worker.service.flights import InFlight, Record
 from worker.service.records import REFUSED, Rejected, reason_for
 
 
@@ -172,9 +172,12 @@ def refusal(job: JobRequest, error: BaseException) -> Rejected:
     return Rejected(reason_for(error), REFUSED, job.job_id, job.tenant)
 
 
-def finished_line(result: JobResult, attempt: str) -> tuple[str, dict[str, object]]:
+def finished_line(
+    result: JobResult, attempt: str, record: Record | None
+) -> tuple[str, dict[str, object]]:
     """A finished job's one log line: the text people read, and the same facts as
-    fields for JSON logs. Times run from the job's creation (the caller's view)."""
+    fields for JSON logs, with the record's key and partition (where its affinity
+    sent it). Times run from the job's creation (the caller's view)."""
 
     def since_created(moment: datetime | None) -> float | None:
         if moment is None or result.created_at is None:
@@ -191,10 +194,15 @@ def finished_line(result: JobResult, attempt: str) -> tuple[str, dict[str, objec
         "total_s": since_created(result.finished_at),
         "worker": result.worker,
         "attempt": attempt,
+        "key": None
+        if record is None or record.key is None
+        else record.key.decode(errors="replace"),
+        "partition": None if record is None else record.partition.partition,
     }
     text = (
         f"job {result.tenant}/{result.job_id} {result.status.value}: "
         f"{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} output tokens, "
-        f"ttft {fields['ttft_s']} s, total {fields['total_s']} s, attempt {attempt}"
+        f"ttft {fields['ttft_s']} s, total {fields['total_s']} s, attempt {attempt}, "
+        f"key {fields['key']} on partition {fields['partition']}"
     )
     return text, fields

@@ -155,10 +155,12 @@ def test_a_finished_job_logs_one_line_with_its_facts() -> None:
     flight.job = flight.job.model_copy(update={"created_at": datetime.fromtimestamp(100.0, UTC)})
     token_event(flight, _output(0, [5, 6], "He"))
     result = finished_result(flight, _output(2, [7], "llo", finish="stop"), "w")
-    text, fields = finished_line(result, "w-0")
+    text, fields = finished_line(result, "w-0", Record(TopicPartition("jobs", 3), 7, b"acme/9f2c"))
     assert fields["job_id"] == "j1" and fields["tenant"] == "acme"
     assert (fields["prompt_tokens"], fields["output_tokens"]) == (3, 3)
     assert fields["ttft_s"] == 1.5 and fields["attempt"] == "w-0"
     assert fields["status"] == "completed"
     assert text.startswith("job acme/j1 completed: 3 prompt + 3 output tokens, ttft 1.5 s")
+    assert (fields["key"], fields["partition"]) == ("acme/9f2c", 3)
+    assert text.endswith("key acme/9f2c on partition 3")
     assert "hi" not in text and "Hello" not in text  # neither prompt nor output text
