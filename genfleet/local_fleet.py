@@ -98,9 +98,11 @@ class LocalFleet:
         if since:
             self.wait_until_serving(since)
 
-    def kill_worker(self) -> str:
-        worker_id, victim = next((i, w) for i, w in self.workers.items() if w.alive)
-        victim.kill()
+    def kill_worker(self, worker_id: str | None = None) -> str:
+        """kill -9 of the worker named, or of the first one alive."""
+        if worker_id is None or worker_id not in self.workers:
+            worker_id = next(i for i, w in self.workers.items() if w.alive)
+        self.workers[worker_id].kill()
         return worker_id
 
     def pause_broker(self, seconds: float) -> None:

@@ -44,6 +44,12 @@ def _shell(command: str, seconds: float | None = None) -> str:
     return done.stdout.strip()
 
 
+def _worker_hook(command: str | None) -> Callable[[str | None], str] | None:
+    if command is None:
+        return None
+    return lambda worker_id: _shell(command.replace("{worker}", worker_id or ""))
+
+
 def _hook(command: str | None, takes_seconds: bool = False) -> Callable | None:
     if command is None:
         return None
@@ -55,7 +61,9 @@ def _hook(command: str | None, takes_seconds: bool = False) -> Callable | None:
 def remote_target(args: argparse.Namespace) -> Target:
     alive = _hook(args.workers_alive)
     faults = Faults(
-        kill_worker=_hook(args.kill_worker),
+        # The command picks its victim: the worker id a scenario would prefer is in
+        # {worker}, for a command that can use it.
+        kill_worker=_worker_hook(args.kill_worker),
         pause_broker=_hook(args.pause_broker, takes_seconds=True),
         restart_broker=_hook(args.restart_broker),
         restart_redis=_hook(args.restart_redis, takes_seconds=True),
@@ -95,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     remote.add_argument("--kafka-bootstrap")
     remote.add_argument("--redis-url")
     remote.add_argument("--topic-prefix", default="genfleet.")
-    remote.add_argument("--kill-worker", help="kill -9 one worker; may print its worker id")
+    remote.add_argument(
+        "--kill-worker",
+        help="kill -9 one worker; may print its worker id ({worker}: the one a scenario "
+        "would pick, e.g. the busiest)",
+    )
     remote.add_argument("--pause-broker", help="freeze the broker for {seconds}")
     remote.add_argument("--restart-broker", help="restart the broker")
     remote.add_argument("--restart-redis", help="stop Redis, wait {seconds}, start it")

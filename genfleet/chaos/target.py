@@ -27,7 +27,8 @@ T = TypeVar("T")
 
 @dataclass
 class Faults:
-    kill_worker: Callable[[], str] | None = None  # kill -9 one worker; returns its worker id
+    # kill -9 one worker (the one named, where the fleet can choose); returns its id
+    kill_worker: Callable[[str | None], str] | None = None
     pause_broker: Callable[[float], None] | None = None  # freeze the broker this long
     restart_broker: Callable[[], None] | None = None
     restart_redis: Callable[[float], None] | None = None  # stop, wait this long, start
