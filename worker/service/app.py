@@ -55,6 +55,7 @@ from worker.service.settings import WorkerSettings
 log = logging.getLogger("genfleet.worker")
 WATCH_INTERVAL_S = 0.5
 STOP_TIMEOUT_S = 10.0
+ASSIGNORS = {"sticky": StickyPartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}
 
 
 @dataclass
@@ -98,12 +99,10 @@ class _Connections:
                 heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
                 fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
                 max_partition_fetch_bytes=max(1_048_576, 2 * settings.max_record_bytes),
-                # A rebalance moves as few partitions as it can: the conversations keyed
-                # to the rest stay with the prefix cache that holds them. Round-robin
-                # while a member of an older release, which knows only it, is in the group.
-                partition_assignment_strategy=(
-                    StickyPartitionAssignor,
-                    RoundRobinPartitionAssignor,
+                # Sticky: a rebalance moves as few partitions as it can, so the
+                # conversations keyed to the rest stay with the cache that holds them.
+                partition_assignment_strategy=tuple(
+                    ASSIGNORS[name] for name in settings.kafka_assignors.split(",")
                 ),
             ),
         )

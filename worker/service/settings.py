@@ -41,6 +41,12 @@ class WorkerSettings(FleetSettings, EngineConfig):
     kafka_session_timeout_ms: int = Field(
         6000, ge=1000, description="a worker silent this long leaves the group"
     )
+    kafka_assignors: str = Field(
+        "sticky",
+        pattern=r"^(sticky|roundrobin)(,(sticky|roundrobin))*$",
+        description="partition assignors, comma-separated, preferred first (a rolling "
+        "upgrade from a release that used roundrobin: sticky,roundrobin, then sticky)",
+    )
     kafka_heartbeat_interval_ms: int = Field(
         1000, ge=100, description="heartbeats to the group (a third of the session or less)"
     )
