@@ -69,9 +69,9 @@ def test_broker_restart_during_generation(fleet) -> None:
 
 def test_a_killed_workers_jobs_resume_on_the_other_within_seconds(fleet) -> None:
     """The kill finds jobs running on its victim (the busiest worker). Measured here
-    about 12 s to the first new token: the 6 s session timeout, then the broker's
-    3 s delay before a rejoin completes (tansu's, at every rebalance) and the
-    takeover; the bar leaves a slower host room."""
+    about 9 s to the first new token: the 6 s session timeout, then the broker's 3 s
+    delay before a rejoin completes (tansu's, at every rebalance) and the takeover;
+    the bar leaves a slower host room."""
     verdict = _run(fleet(2), functools.partial(scenarios.failover, bar_s=20.0, stall_bar_s=20.0))
     assert verdict.passed, verdict.line()
 
