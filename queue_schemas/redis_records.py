@@ -244,13 +244,13 @@ def streamed_output(entries: list) -> list[TokenEvent]:
     """The token events a reader of a job's stream (XRANGE ``entries``) keeps, in
     order, up to the first that does not follow on from the one before: what every
     reader holds of the job's output (a taken-over job resumes from them)."""
-    cursor, kept = EventCursor(), []
+    last_index, kept = -1, []
     for _, fields in entries:
         event = read_event(fields.get(EVENT_FIELD.encode(), fields.get(EVENT_FIELD)))
-        if not isinstance(event, TokenEvent) or event.last_index <= cursor.last_index:
+        if not isinstance(event, TokenEvent) or event.last_index <= last_index:
             continue  # a result, or tokens readers have already
-        if event.token_index != cursor.last_index + 1:
+        if event.token_index != last_index + 1:
             break
-        cursor.is_new(event)
+        last_index = event.last_index
         kept.append(event)
     return kept
