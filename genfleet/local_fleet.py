@@ -13,7 +13,7 @@ from genfleet.local_services import LocalService, start_kafka, start_redis
 from genfleet.processes import ApiProcess, FleetProcess
 
 READY_TIMEOUT_S = 120.0
-_ASSIGNED = re.compile(r"assigned \[\d")
+_ASSIGNED = re.compile(r"assigned \[\S")  # a partition or more
 
 
 class LocalFleet:

@@ -1,7 +1,7 @@
 """``genfleet up``: the whole fleet on this host, in one command.
 
 Starts, on loopback, the embedded Kafka broker (tansu, in memory), a
-``redis-server``, N workers and the API; prints where everything is, sends one
+``redis-server``, N workers per model and the API; prints where everything is, sends one
 first request, and serves until Ctrl-C or SIGTERM. It then stops the pieces in
 order — the API (no new jobs), the workers (each drains its running jobs), Redis,
 the broker — and leaves no process behind.
@@ -10,14 +10,20 @@ The children run in their own process group, so a Ctrl-C in the terminal
 reaches this supervisor only: it must not stop Redis under a draining worker.
 A worker that exits on its own (a failed engine exits 1 by design) is started
 again, as an orchestrator would.
+
+With ``--model`` given more than once, each model gets its own workers: the first
+is the fleet's default model (on the plain job lanes), every other one is served
+under its name (``--served-model-name``) on lanes of its own.
 """
 
 import argparse
+import re
 import signal
 import socket
 import tempfile
 import threading
 import time
+from itertools import islice
 from pathlib import Path
 
 import httpx
@@ -26,6 +32,7 @@ from rich.console import Console
 from genfleet.local_fleet import LocalFleet, local_fleet
 from genfleet.processes import FleetProcess
 from genfleet.settings_flags import add_settings_arguments, as_flags, given_settings
+from queue_schemas.bounds import MAX_SERVED_MODEL_CHARS, SERVED_MODEL_PATTERN
 from worker.config import EngineConfig
 from worker.service.engine_threads import threads_per_worker
 
@@ -40,7 +47,16 @@ console = Console(soft_wrap=True)  # URLs and commands stay whole in a log
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     """``up``'s own flags, and every engine knob (``EngineConfig``), passed to each worker."""
-    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="a model to serve: folder, GGUF file or known name (default "
+        f"{EngineConfig.model_fields['model'].default}); again for another model, served "
+        "under its folder's name by workers of its own",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes per model (default 1)"
+    )
     parser.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
     parser.add_argument(
         "--metrics-port",
@@ -55,7 +71,10 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-first-request", action="store_true", help="do not send the first request"
     )
-    add_settings_arguments(parser.add_argument_group("engine (each worker's)"), EngineConfig)
+    engine_knobs = [name for name in EngineConfig.model_fields if name != "model"]
+    add_settings_arguments(
+        parser.add_argument_group("engine (each worker's)"), EngineConfig, only=engine_knobs
+    )
 
 
 def _check_port_free(port: int, what: str) -> None:
@@ -66,6 +85,21 @@ def _check_port_free(port: int, what: str) -> None:
             raise RuntimeError(
                 f"port {port} ({what}) is in use: stop what holds it, or choose another port"
             ) from None
+
+
+def _served_models(names: list[str]) -> list[tuple[str, str]]:
+    """Each model's ``--model`` for its workers and its served name, the names distinct."""
+    models = [_workers_model(name) for name in names]
+    served = [name for _, name in models]
+    for name in served:
+        if len(name) > MAX_SERVED_MODEL_CHARS or not re.match(SERVED_MODEL_PATTERN, name):
+            raise ValueError(
+                f"{name!r} cannot be a served model name (at most {MAX_SERVED_MODEL_CHARS} "
+                "letters, digits and ._/-): rename its folder"
+            )
+    if len(set(served)) < len(served):
+        raise ValueError(f"two models would be served under one name: {served}")
+    return models
 
 
 def _workers_model(name: str) -> tuple[str, str]:
@@ -119,8 +153,11 @@ def _tail(process: FleetProcess, lines: int = 15) -> str:
     return "\n".join(process.log().splitlines()[-lines:])
 
 
-def _print_welcome(api_url: str, worker_urls: list[str], model: str, log_dir: Path) -> None:
-    console.print(f"[bold green]genfleet is serving[/] {model} with {len(worker_urls)} worker(s)")
+def _print_welcome(api_url: str, worker_urls: list[str], models: list[str], log_dir: Path) -> None:
+    model = models[0]
+    console.print(
+        f"[bold green]genfleet is serving[/] {', '.join(models)} with {len(worker_urls)} worker(s)"
+    )
     console.print(f"  API           {api_url}  (OpenAPI docs: {api_url}/docs)")
     console.print(f"  API metrics   {api_url}/metrics")
     console.print(f"  batches       {api_url}/v1/files, {api_url}/v1/batches (OpenAI's Batch API)")
@@ -185,27 +222,32 @@ def _serve(fleet: LocalFleet, stop: threading.Event) -> None:
 def run_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
-    metrics_ports = [args.metrics_port + i for i in range(args.workers)]
+    models = _served_models(args.model or [EngineConfig.model_fields["model"].default])
+    engine = given_settings(args, EngineConfig)
+    engine.pop("model", None)  # each worker gets its model as resolved here
+    EngineConfig(**engine)  # a knob out of bounds stops here, not in every worker
+    served_name = models[0][1]  # the default model
+    workers = args.workers * len(models)
+    metrics_ports = [args.metrics_port + i for i in range(workers)]
     _check_port_free(args.port, "the API")
     for port in metrics_ports:
         _check_port_free(port, "a worker's metrics")
-    engine = given_settings(args, EngineConfig)
-    # A knob out of bounds stops here, not in every worker.
-    model, served_name = _workers_model(EngineConfig(**engine).model)
-    engine.pop("model", None)  # the workers get the model as resolved here
-    if args.workers > 1 and "engine_threads" not in engine:
+    if workers > 1 and "engine_threads" not in engine:
         # Several workers share this host's cores (all but one from four cores).
-        engine["engine_threads"] = threads_per_worker(args.workers)
+        engine["engine_threads"] = threads_per_worker(workers)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="genfleet-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     redis_dir = None if args.data_dir is None else args.data_dir / "redis"
-    with local_fleet(model, log_dir, redis_data_dir=redis_dir, own_group=True) as fleet:
-        for port in metrics_ports:
-            metrics = ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
-            fleet.start_worker(*metrics, *as_flags(engine))
+    with local_fleet(models[0][0], log_dir, redis_data_dir=redis_dir, own_group=True) as fleet:
+        ports = iter(metrics_ports)
+        for number, (model, served) in enumerate(models):
+            lanes = [] if number == 0 else ["--served-model-name", served]
+            for port in islice(ports, args.workers):
+                metrics = ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+                fleet.start_worker("--model", model, *lanes, *metrics, *as_flags(engine))
         shared = ["--model", served_name, "--files-dir", str((args.data_dir or log_dir) / "files")]
         # A window of a quarter of each worker's sequences keeps interactive TTFT near the
         # idle fleet's on CPU workers (docs/benchmarks.md, "Interactive requests while a
@@ -217,7 +259,7 @@ def run_up(args: argparse.Namespace) -> int:
         try:
             _wait_until_ready(fleet, worker_urls, stop)
             if not stop.is_set():
-                _print_welcome(api.url, worker_urls, served_name, log_dir)
+                _print_welcome(api.url, worker_urls, [served for _, served in models], log_dir)
                 if not args.no_first_request:
                     _first_request(api.url, served_name)
                 console.print("\n[dim]Ctrl-C stops the fleet[/]")

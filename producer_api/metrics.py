@@ -18,8 +18,8 @@ class ApiMetrics:
         )
         self.jobs_submitted = Counter(
             "genfleet:api_jobs_submitted",
-            "jobs produced to the jobs topic, by route",
-            ["route"],
+            "jobs produced to the job lanes, by route and served model",
+            ["route", "model_name"],
             registry=self.registry,
         )
         self.streams_open = Gauge(
@@ -29,17 +29,20 @@ class ApiMetrics:
         )
         self.fleet_backlog = Gauge(
             "genfleet:api_fleet_backlog",
-            "jobs in the jobs topic past the workers' committed offsets",
+            "jobs in a model's jobs topic past its workers' committed offsets",
+            ["model_name"],
             registry=self.registry,
         )
         self.fleet_completion_rate = Gauge(
             "genfleet:api_fleet_completion_rate",
-            "jobs/s the fleet committed over the last minute",
+            "jobs/s a model's workers committed over the last minute",
+            ["model_name"],
             registry=self.registry,
         )
         self.fleet_rejections = Counter(
             "genfleet:api_fleet_rejections",
-            "interactive requests answered 429 because the fleet's backlog was full",
+            "interactive requests answered 429 because a model's backlog was full",
+            ["model_name"],
             registry=self.registry,
         )
         self.submit_seconds = Histogram(

@@ -16,6 +16,10 @@ from pydantic import Field
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9._-]+$"
 MAX_JOB_ID_CHARS = 128
 MAX_TENANT_CHARS = 64
+# Served model names may be Hugging Face ids (``org/name``); they become part of topic
+# names (``names.model_slug``), which Kafka caps at 249 characters.
+SERVED_MODEL_PATTERN = r"^[A-Za-z0-9._/-]+$"
+MAX_SERVED_MODEL_CHARS = 96
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -40,6 +44,9 @@ MAX_RECORD_BYTES = MAX_BODY_BYTES + 65_536
 JobId = Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID_CHARS, pattern=IDENTIFIER_PATTERN)]
 TenantName = Annotated[
     str, Field(min_length=1, max_length=MAX_TENANT_CHARS, pattern=IDENTIFIER_PATTERN)
+]
+ServedModelName = Annotated[
+    str, Field(min_length=1, max_length=MAX_SERVED_MODEL_CHARS, pattern=SERVED_MODEL_PATTERN)
 ]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]

@@ -1,25 +1,48 @@
 """Every Kafka topic, consumer group, Redis key and channel name: defined here and nowhere else."""
 
+import dataclasses
 from dataclasses import dataclass
 
 CONSUMER_GROUP = "genfleet-workers"
 
 
+def model_slug(served_model_name: str) -> str:
+    """A served model name as a part of a topic name: Kafka allows ``[A-Za-z0-9._-]``, so
+    ``/`` becomes ``_s`` and ``_`` doubles (``org/my_model`` is ``org_smy__model``); no
+    two names share a slug."""
+    return served_model_name.replace("_", "__").replace("/", "_s")
+
+
 @dataclass(frozen=True)
 class Names:
-    """Names under one prefix, so several fleets can share a broker and a Redis."""
+    """Names under one prefix, so several fleets can share a broker and a Redis.
+
+    ``model`` picks the job lanes and consumer group of one served model of a fleet of
+    several; None is the fleet's default model, on the plain lanes (``genfleet.jobs``).
+    Results, dead letters and every Redis name are the fleet's, whatever the model.
+    """
 
     prefix: str = "genfleet."
+    model: str | None = None
+
+    def for_model(self, served_model_name: str | None) -> "Names":
+        return dataclasses.replace(self, model=served_model_name)
+
+    @property
+    def _lane_prefix(self) -> str:
+        if self.model is None:
+            return self.prefix
+        return f"{self.prefix}model.{model_slug(self.model)}."
 
     @property
     def jobs_topic(self) -> str:
-        return f"{self.prefix}jobs"
+        return f"{self._lane_prefix}jobs"
 
     @property
     def batch_jobs_topic(self) -> str:
         """The batch lane: jobs of batches (``/v1/batches``), which workers read behind the
         jobs topic's and stop reading first when their KV cache runs short."""
-        return f"{self.prefix}jobs.batch"
+        return f"{self._lane_prefix}jobs.batch"
 
     @property
     def lanes(self) -> tuple[str, str]:
@@ -36,7 +59,10 @@ class Names:
 
     @property
     def consumer_group(self) -> str:
-        return CONSUMER_GROUP if self.prefix == "genfleet." else f"{self.prefix}workers"
+        """One group per model: a model's workers share its lanes' partitions."""
+        if self._lane_prefix == "genfleet.":
+            return CONSUMER_GROUP
+        return f"{self._lane_prefix}workers"
 
     @property
     def batch_runner_group(self) -> str:
@@ -92,6 +118,15 @@ class Names:
     def worker_marker(self, worker_id: str) -> str:
         """Set by a worker at start; missing after an outage, Redis lost its data."""
         return f"{self.prefix}worker:{worker_id}"
+
+    @property
+    def live_workers_key(self) -> str:
+        """Sorted set of worker ids by the time (Unix seconds) their announcement expires."""
+        return f"{self.prefix}workers:live"
+
+    def announcement_key(self, worker_id: str) -> str:
+        """A worker's ``WorkerAnnouncement`` (JSON), with a TTL it refreshes while alive."""
+        return f"{self.worker_marker(worker_id)}:announcement"
 
     def tenant_jobs_key(self, tenant: str) -> str:
         """Sorted set of the tenant's unfinished jobs (the API's outstanding limit)."""

@@ -145,9 +145,12 @@ def test_scrape_targets_and_probes_match_what_the_code_serves() -> None:
     by_job = {job["job_name"]: job["dns_sd_configs"][0] for job in scrape}
     assert by_job["genfleet-api"]["port"] == api_port
     assert by_job["genfleet-worker"]["port"] == metrics_port
-    assert set(by_job["genfleet-worker"]["names"]) == {"worker", "worker-gpu"}
+    workers = {name for name, service in services.items() if service.get("command") == ["worker"]}
+    assert workers >= {"worker", "worker-gpu", "worker-second-model"}
+    assert set(by_job["genfleet-worker"]["names"]) == workers
     assert by_job["genfleet-api"]["names"] == ["api"]
-    assert int(services["worker-gpu"]["environment"]["GENFLEET_METRICS_PORT"]) == metrics_port
+    for worker in workers:
+        assert int(services[worker]["environment"]["GENFLEET_METRICS_PORT"]) == metrics_port
     worker_routes = _worker_routes()
     api_routes = {route.path for route in api_health_router.routes}  # type: ignore[attr-defined]
     for name, routes, port in (("api", api_routes, api_port), ("worker", worker_routes, 9400)):
@@ -202,22 +205,22 @@ def test_the_api_and_the_batch_runner_share_one_files_volume() -> None:
         )
 
 
-def test_keda_scales_the_workers_group_on_both_lanes() -> None:
+def test_keda_scales_each_models_workers_on_their_groups_two_lanes() -> None:
     manifests = _k8s()
-    scaled = manifests[("ScaledObject", "genfleet-worker")]
-    triggers = scaled["spec"]["triggers"]
     config = manifests[("ConfigMap", "genfleet")]["data"]
-    names = Names()
-    assert [trigger["metadata"]["topic"] for trigger in triggers] == list(names.lanes)
-    for trigger in triggers:
-        assert trigger["type"] == "kafka"
-        assert trigger["metadata"]["consumerGroup"] == names.consumer_group
-        assert trigger["metadata"]["bootstrapServers"] == config["GENFLEET_KAFKA_BOOTSTRAP"]
-        assert int(trigger["metadata"]["lagThreshold"]) >= 1
-    assert scaled["spec"]["maxReplicaCount"] <= int(config["GENFLEET_JOBS_PARTITIONS"])
-    assert scaled["spec"]["scaleTargetRef"]["name"] in {
-        name for kind, name in manifests if kind == "Deployment"
-    }
+    scaled_objects = [doc for (kind, _), doc in manifests.items() if kind == "ScaledObject"]
+    assert len(scaled_objects) >= 2  # the default model's workers and a second model's
+    for scaled in scaled_objects:
+        target = manifests[("Deployment", scaled["spec"]["scaleTargetRef"]["name"])]
+        names = Names().for_model(_env(_container(target)).get("GENFLEET_SERVED_MODEL_NAME"))
+        triggers = scaled["spec"]["triggers"]
+        assert [trigger["metadata"]["topic"] for trigger in triggers] == list(names.lanes)
+        for trigger in triggers:
+            assert trigger["type"] == "kafka"
+            assert trigger["metadata"]["consumerGroup"] == names.consumer_group
+            assert trigger["metadata"]["bootstrapServers"] == config["GENFLEET_KAFKA_BOOTSTRAP"]
+            assert int(trigger["metadata"]["lagThreshold"]) >= 1
+        assert scaled["spec"]["maxReplicaCount"] <= int(config["GENFLEET_JOBS_PARTITIONS"])
 
 
 def _registered_samples() -> set[str]:

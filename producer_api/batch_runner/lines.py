@@ -34,15 +34,17 @@ class Line:
         return self.run.job_ids
 
 
-def as_lines(batch: BatchObject, requests: list[BatchRequest], model: str) -> list[Line]:
-    """Each request as the jobs its route would submit, behind interactive priority,
-    with the batch's expiry as their deadline (a worker does not start them later)."""
+def as_lines(batch: BatchObject, requests: list[BatchRequest], default_model: str) -> list[Line]:
+    """Each request as the jobs its route would submit to its model (``default_model``
+    when it names none), behind interactive priority, with the batch's expiry as their
+    deadline (a worker does not start them later)."""
     tenant = Tenant(tenant=batch.tenant)
     expires = None if batch.expires_at is None else datetime.fromtimestamp(batch.expires_at, UTC)
     lines = []
     for request in requests:
         priority = min(request.body.priority + BATCH_PRIORITY, INT32_MAX)
         body = request.body.model_copy(update={"priority": priority})
+        model = request.body.model or default_model
         run = build_run(body, f"{batch.id}-{request.line}", model, tenant, expires)
         lines.append(Line(request.custom_id, run))
     return lines

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Iterable
 
 from producer_api.auth import Tenant
 from producer_api.batch_runner.lines import Line, as_lines, count_progress, slim
@@ -46,6 +47,7 @@ from producer_api.schemas.batches import (
     read_input,
 )
 from producer_api.services.fleet import Fleet
+from producer_api.services.runs import Run
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult
 from queue_schemas.logs import configure_logging
@@ -61,7 +63,6 @@ CANCEL_WAIT_S = 60.0  # a cancelled job's result that never comes does not hold 
 class BatchRunner:
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
-        self.names = settings.names
         self.fleet = Fleet(settings, ApiMetrics())
         self.store = self.fleet.batches
         self._lines: dict[str, list[Line]] = {}  # batch id -> its lines, parsed once
@@ -153,7 +154,9 @@ class BatchRunner:
             message = f"the input file {batch.input_file_id} was deleted"
             errors = [BatchError(code="file_not_found", message=message)]
         else:
-            requests, errors = await self._read_input(batch)
+            requests, errors = await self._read_input(
+                batch, await self.fleet.models.served_models()
+            )
         now = int(time.time())
         if errors:
             batch.errors = BatchErrors(data=errors[:MAX_ERRORS])
@@ -168,16 +171,20 @@ class BatchRunner:
         log.info("batch %s: %d requests", batch.id, len(requests))
         return True
 
-    async def _read_input(self, batch: BatchObject) -> tuple[list[BatchRequest], list[BatchError]]:
+    async def _read_input(
+        self, batch: BatchObject, served_models: list[str] | None
+    ) -> tuple[list[BatchRequest], list[BatchError]]:
+        """The input's requests (naming one of ``served_models``; None: any) or its errors."""
         content = b"".join(
             [chunk async for chunk in self.fleet.files.content(batch.tenant, batch.input_file_id)]
         )
-        return read_input(content, batch.endpoint, self.settings.model)
+        return read_input(content, batch.endpoint, served_models)
 
     async def _lines_of(self, batch: BatchObject) -> list[Line]:
         """The lines validation made, or (after a restart) the input read again."""
         if batch.id not in self._lines:
-            requests, _ = await self._read_input(batch)
+            # Validated before: a model whose workers left meanwhile keeps its lines.
+            requests, _ = await self._read_input(batch, None)
             self._lines[batch.id] = as_lines(batch, requests, self.settings.model)
         return self._lines[batch.id]
 
@@ -195,11 +202,13 @@ class BatchRunner:
         window = self.settings.batch_max_in_flight
         while submitted < len(lines) and submitted - lines_done < window:
             chunk = lines[submitted : submitted + min(SUBMIT_CHUNK, window)]
-            hinted = [(job, line.run.affinity_hint) for line in chunk for job in line.run.jobs]
-            jobs = [job for job, _ in hinted]
-            keys = await self.fleet.partition_keys(hinted)
-            await self.fleet.store.record_queued(jobs)
-            await self.fleet.submitter.submit(jobs, keys, self.names.batch_jobs_topic)
+            for model, runs in _by_model(line.run for line in chunk).items():
+                hinted = [(job, run.affinity_hint) for run in runs for job in run.jobs]
+                jobs = [job for job, _ in hinted]
+                keys = await self.fleet.partition_keys(hinted)
+                await self.fleet.store.record_queued(jobs)
+                lane = self.fleet.models.lanes(model).batch_jobs_topic
+                await self.fleet.submitter.submit(jobs, keys, lane)
             submitted += len(chunk)
             await self.store.submitted(batch, submitted)
 
@@ -264,3 +273,10 @@ def run_batch_runner(settings: ApiSettings) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _by_model(runs: Iterable[Run]) -> dict[str, list[Run]]:
+    grouped: dict[str, list[Run]] = {}
+    for run in runs:
+        grouped.setdefault(run.model, []).append(run)
+    return grouped

@@ -31,11 +31,12 @@ async def submit_job(
     deadline = deadlines.deadline(
         submission.deadline, submission.timeout_s, fleet.settings.jobs_timeout_s
     )
+    model = await fleet.models.resolve(submission.model)
     job = submission.to_job(tenant.tenant, submission.job_id or new_id("job"), deadline)
     # Ids are the tenant's own (keys live under the tenant): only its own jobs clash.
     if submission.job_id is not None and await fleet.store.exists(job.tenant, job.job_id):
         raise ApiError(409, f"job id {job.job_id!r} is taken", param="job_id", code="job_exists")
-    await fleet.submit(tenant, [job], route="/v1/jobs")
+    await fleet.submit(tenant, [job], route="/v1/jobs", model=model)
     response.headers["Location"] = f"/v1/jobs/{job.job_id}"
     return JobView.of(JobState(job_id=job.job_id, tenant=job.tenant, status=JobStatus.QUEUED))
 

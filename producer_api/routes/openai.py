@@ -32,15 +32,6 @@ DISCONNECT_CHECK_S = 1.0
 HUNG_UP = "client hung up"
 
 
-def _served_model(fleet: Fleet, requested: str | None) -> str:
-    served = fleet.settings.model
-    if requested and requested != served:
-        raise ApiError(
-            404, f"The model `{requested}` does not exist.", param="model", code="model_not_found"
-        )
-    return served
-
-
 async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Response:
     """Wait for every choice; a client that hangs up meanwhile gets its jobs cancelled."""
     collecting = asyncio.create_task(collect(fleet, tenant, run))
@@ -116,8 +107,10 @@ async def _chunks(
 async def _respond(
     fleet: Fleet, tenant: Tenant, body: GenerationRequest, run: Run, request: Request
 ) -> Response:
-    fleet.backlog.admit_interactive()
-    await fleet.submit(tenant, run.jobs, route=request.url.path, hint=run.affinity_hint)
+    fleet.backlog.admit_interactive(run.model)
+    await fleet.submit(
+        tenant, run.jobs, route=request.url.path, model=run.model, hint=run.affinity_hint
+    )
     if body.stream:
         chunks = _chunks(fleet, tenant, run, body.include_usage)
         hang_up = functools.partial(cancel_all, fleet, tenant, run, HUNG_UP)
@@ -127,8 +120,23 @@ async def _respond(
 
 @router.get("/models")
 async def list_models(fleet: FleetDep, _: TenantDep) -> dict[str, Any]:
-    model = {"id": fleet.settings.model, "object": "model", "created": 0, "owned_by": "genfleet"}
-    return {"object": "list", "data": [model]}
+    """The fleet's default model and every model a live worker serves, with its context
+    length where a live worker announces it (vLLM's ``max_model_len``)."""
+    lengths = await fleet.models.context_lengths()
+    models = [_model_card(model, lengths) for model in await fleet.models.served_models()]
+    return {"object": "list", "data": models}
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(model: str, fleet: FleetDep, _: TenantDep) -> dict[str, Any]:
+    """One served model, or 404 ``model_not_found``."""
+    served = await fleet.models.resolve(model)
+    return _model_card(served, await fleet.models.context_lengths())
+
+
+def _model_card(model: str, lengths: dict[str, int]) -> dict[str, Any]:
+    card = {"id": model, "object": "model", "created": 0, "owned_by": "genfleet", "root": model}
+    return card | ({"max_model_len": lengths[model]} if model in lengths else {})
 
 
 @router.post("/chat/completions", response_model=None)
@@ -140,7 +148,7 @@ async def chat_completions(
     deadlines: DeadlineDep,
 ) -> Response:
     deadline = deadlines.deadline(None, body.timeout_s, fleet.settings.chat_completions_timeout_s)
-    model = _served_model(fleet, body.model)
+    model = await fleet.models.resolve(body.model)
     run = build_run(body, new_id("chatcmpl"), model, tenant, deadline)
     return await _respond(fleet, tenant, body, run, request)
 
@@ -154,5 +162,6 @@ async def completions(
     deadlines: DeadlineDep,
 ) -> Response:
     deadline = deadlines.deadline(None, body.timeout_s, fleet.settings.completions_timeout_s)
-    run = build_run(body, new_id("cmpl"), _served_model(fleet, body.model), tenant, deadline)
+    model = await fleet.models.resolve(body.model)
+    run = build_run(body, new_id("cmpl"), model, tenant, deadline)
     return await _respond(fleet, tenant, body, run, request)

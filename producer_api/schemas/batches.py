@@ -9,6 +9,7 @@ file runs.
 """
 
 import json
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -129,7 +130,7 @@ def _field(error: ErrorDetails, prefix: str = "") -> str:
 
 
 def _read_line(
-    number: int, raw: bytes, endpoint: str, served_model: str, seen: set[str]
+    number: int, raw: bytes, endpoint: str, served_models: Collection[str] | None, seen: set[str]
 ) -> BatchRequest | BatchError:
     if len(raw) > MAX_BODY_BYTES:  # what the route itself would refuse (413)
         message = f"the line is larger than a request may be ({MAX_BODY_BYTES} bytes)"
@@ -155,23 +156,24 @@ def _read_line(
         return _error(number, "invalid_request", first["msg"], _field(first, "body."))
     if body.stream:
         return _error(number, "invalid_request", "a batch request cannot stream", "body.stream")
-    if body.model is not None and body.model != served_model:
+    if served_models is not None and body.model is not None and body.model not in served_models:
         message = f"the model `{body.model}` does not exist"
         return _error(number, "model_not_found", message, "body.model")
     return BatchRequest(line=number, custom_id=line.custom_id, body=body)
 
 
 def read_input(
-    content: bytes, endpoint: str, served_model: str
+    content: bytes, endpoint: str, served_models: Collection[str] | None
 ) -> tuple[list[BatchRequest], list[BatchError]]:
-    """The file's requests in order, or (when any line is invalid) the errors found."""
+    """The file's requests in order, or (when any line is invalid) the errors found. A
+    line may name any of ``served_models`` (None: any model, for a file validated before)."""
     requests: list[BatchRequest] = []
     errors: list[BatchError] = []
     seen: set[str] = set()
     for number, raw in enumerate(content.split(b"\n"), start=1):
         if not raw.strip():
             continue
-        read = _read_line(number, raw, endpoint, served_model, seen)
+        read = _read_line(number, raw, endpoint, served_models, seen)
         if isinstance(read, BatchError):
             errors.append(read)
         else:

@@ -2,10 +2,10 @@
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from queue_schemas import JobRequest, JobState, JobStatus, SamplingOptions, Usage
-from queue_schemas.bounds import JobId
+from queue_schemas.bounds import JobId, ServedModelName
 from queue_schemas.jobs import lowest_version
 from queue_schemas.messages import now
 from queue_schemas.versioning import MODEL_DEFAULTS_VERSION
@@ -21,10 +21,15 @@ class JobSubmission(JobRequest):
     # Not a wire record: every field this API knows may be sent, whatever the version.
     schema_version: int = MODEL_DEFAULTS_VERSION
     job_id: JobId | None = None  # type: ignore[assignment]
+    model: ServedModelName | None = Field(
+        default=None, description="the served model (see /v1/models); the fleet's default if unset"
+    )
 
     def to_job(self, tenant: str, job_id: str, deadline: datetime | None) -> JobRequest:
         """The job to produce; ``deadline`` is the request's (``services.deadlines``)."""
-        excluded = {"job_id", "tenant", "created_at", "schema_version", "deadline", "timeout_s"}
+        excluded = {
+            "job_id", "tenant", "created_at", "schema_version", "deadline", "timeout_s", "model",
+        }  # fmt: skip
         return JobRequest(
             **self.model_dump(exclude=excluded),
             schema_version=lowest_version(self.sampling),

@@ -15,6 +15,7 @@ from producer_api.services.backlog import FleetBacklog
 from producer_api.services.fanout import LiveFanout
 from producer_api.services.kafka_submit import JobSubmitter
 from producer_api.services.limits import TenantLimits
+from producer_api.services.models import ModelDirectory
 from producer_api.settings import ApiSettings
 from producer_api.stores.batches import BatchStore
 from producer_api.stores.files import FileStore, LocalFileStore
@@ -47,11 +48,12 @@ class Fleet:
         )
         self.store = JobStore(self.redis, self.fanout, settings)
         self.limits = TenantLimits(self.redis, self.names)
+        self.models = ModelDirectory(self.redis, self.names, settings.model)
         self.spill = Spill(
             self.redis, self.names, settings.affinity_spill_after, settings.affinity_window_s
         )
         self.submitter = JobSubmitter(settings, self.names)
-        self.backlog = FleetBacklog(settings, self.names, metrics)
+        self.backlog = FleetBacklog(settings, self.models, metrics)
         self.batches = BatchStore(self.redis, self.names)
         self.files: FileStore = LocalFileStore(
             settings.files_dir, settings.max_file_bytes, settings.max_file_lines
@@ -82,10 +84,16 @@ class Fleet:
         return await self.spill.lanes([affinity_key(job, hint) for job, hint in jobs])
 
     async def submit(
-        self, tenant: Tenant, jobs: list[JobRequest], route: str, hint: str | None = None
+        self,
+        tenant: Tenant,
+        jobs: list[JobRequest],
+        route: str,
+        model: str,
+        hint: str | None = None,
     ) -> None:
         """Within the tenant's limits, recorded ``queued`` in Redis, acknowledged by Kafka
-        (keyed by ``hint``, the request's ``prompt_cache_key`` or ``user``, if given)."""
+        on the lanes of the served ``model`` (keyed by ``hint``, the request's
+        ``prompt_cache_key`` or ``user``, if given)."""
         started = time.perf_counter()
         await self.limits.admit(
             tenant.tenant,
@@ -96,11 +104,11 @@ class Fleet:
         keys = await self.partition_keys([(job, hint) for job in jobs])
         await self.store.record_queued(jobs)
         try:
-            await self.submitter.submit(jobs, keys)
+            await self.submitter.submit(jobs, keys, self.models.lanes(model).jobs_topic)
         except Exception:
             await self.store.forget(jobs)
             raise
-        self.metrics.jobs_submitted.labels(route).inc(len(jobs))
+        self.metrics.jobs_submitted.labels(route, model).inc(len(jobs))
         self.metrics.submit_seconds.observe(time.perf_counter() - started)
 
     async def cancel(self, tenant: Tenant, job_id: str) -> None:

@@ -64,15 +64,13 @@ class JobSubmitter:
     def _unavailable(self, error: Exception) -> KafkaUnavailable:
         return KafkaUnavailable(type(error).__name__, self.settings.retry_after_s)
 
-    async def submit(
-        self, jobs: list[JobRequest], keys: list[str], topic: str | None = None
-    ) -> None:
-        """Every job acknowledged by the broker under its record key (on the jobs topic
-        unless another lane is named), or KafkaUnavailable."""
+    async def submit(self, jobs: list[JobRequest], keys: list[str], topic: str) -> None:
+        """Every job acknowledged by the broker on ``topic`` under its record key, or
+        KafkaUnavailable."""
         producer = await self._started()
         try:
             await asyncio.wait_for(
-                self._send_all(producer, jobs, keys, topic or self.names.jobs_topic),
+                self._send_all(producer, jobs, keys, topic),
                 self.timeout_s,
             )
         except (KafkaError, TimeoutError) as error:

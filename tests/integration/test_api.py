@@ -65,7 +65,8 @@ def test_tenants_see_only_their_jobs_and_keys_are_required(api_fleet) -> None:
         metrics = alice.get("/metrics").text
         assert 'route="/v1/jobs/{job_id}",status="404"' in metrics
         assert 'route="/v1/models",status="401"' in metrics
-        assert 'genfleet:api_jobs_submitted_total{route="/v1/jobs"}' in metrics
+        assert 'genfleet:api_jobs_submitted_total{model_name="' in metrics
+        assert 'route="/v1/jobs"' in metrics
 
 
 def test_job_ids_name_no_other_key_and_tenants_do_not_collide(api_fleet) -> None:

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-from openai import OpenAI
+import pytest
+from openai import NotFoundError, OpenAI
 
 from genfleet.local_services import free_port
 from tests.integration.metrics import sample, total
@@ -70,12 +71,15 @@ def _with_sampling_defaults(chat_model: Path, folder: Path) -> Path:
 def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_path) -> None:
     """Also the first hour of a new user: the banner's request and an openai client's
     call, both without sampling fields, take the model's defaults (here temperature 0
-    from its generation config, and 6 tokens from the override on the command line)."""
+    from its generation config, and 6 tokens from the override on the command line).
+    And a fleet of two models: a second ``--model`` served by a worker of its own."""
     model = _with_sampling_defaults(chat_model, tmp_path / "chat-model")
+    second = _with_sampling_defaults(chat_model, tmp_path / "org_coder")
     api_port, metrics_port = free_port(), free_port()
     up = _up(
-        "--model", str(model), "--port", str(api_port), "--metrics-port", str(metrics_port),
-        "--log-dir", str(tmp_path), "--override-generation-config", '{"max_new_tokens": 6}',
+        "--model", str(model), "--model", str(second), "--port", str(api_port),
+        "--metrics-port", str(metrics_port), "--log-dir", str(tmp_path),
+        "--override-generation-config", '{"max_new_tokens": 6}',
     )  # fmt: skip
     assert up.stdout is not None
     output: list[str] = []
@@ -93,8 +97,12 @@ def test_up_serves_counts_the_job_and_stops_with_nothing_left(chat_model, tmp_pa
         assert httpx.get(f"{worker}/readyz", timeout=5).json() == {"status": "ready"}
 
         _defaults_apply_and_the_job_is_counted(api, worker, model.name)
+        second_worker = f"http://127.0.0.1:{metrics_port + 1}"
+        _each_model_answers_through_its_own_workers(
+            api, {model.name: worker, second.name: second_worker}
+        )
         children = _descendants(up.pid)
-        assert len(children) >= 5  # broker, Redis, worker, its engine process, API
+        assert len(children) >= 7  # broker, Redis, 2 workers, their engine processes, API
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=120)
         assert up.returncode == 0, rest
@@ -134,6 +142,53 @@ def _defaults_apply_and_the_job_is_counted(api: str, worker: str, model: str) ->
     assert given.usage is not None and given.usage.completion_tokens <= 3
     applied = _applied_sampling(api, given.id)
     assert (applied["temperature"], applied["max_tokens"]) == (0.5, 3)
+
+
+def _each_model_answers_through_its_own_workers(api: str, workers: dict[str, str]) -> None:
+    """``/v1/models`` lists both; a request (or a batch line) for a model runs on that
+    model's worker only; an unknown model is OpenAI's 404."""
+    client = OpenAI(base_url=f"{api}/v1", api_key="unused", max_retries=0, timeout=60)
+    listed = client.models.list().data
+    assert [m.id for m in listed] == list(workers)
+    assert all(m.model_extra and m.model_extra["max_model_len"] == 1024 for m in listed)
+    assert [client.models.retrieve(name).id for name in workers] == list(workers)
+    messages = [{"role": "user", "content": "Hello"}]
+
+    def served() -> dict[str, float]:
+        return {name: total(url, "genfleet:request_success_total") for name, url in workers.items()}
+
+    for name, url in workers.items():
+        before = served()
+        client.chat.completions.create(model=name, messages=messages, max_tokens=2)
+        after = served()
+        assert {n: after[n] - before[n] for n in workers} == {n: float(n == name) for n in workers}
+        assert sample(url, "genfleet:request_success_total", model_name=name) >= 1
+    for ask in (
+        lambda: client.chat.completions.create(model="no/such-model", messages=messages),
+        lambda: client.models.retrieve("no/such-model"),
+    ):
+        with pytest.raises(NotFoundError) as refused:
+            ask()
+        assert refused.value.code == "model_not_found"
+    lines = [
+        {"custom_id": f"{name}-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": name, "messages": messages, "max_tokens": 2}}
+        for name in workers for i in range(2)
+    ]  # fmt: skip
+    before = served()
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    upload = client.files.create(file=("input.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline, batch
+        assert batch.status in ("validating", "in_progress"), batch
+        time.sleep(0.5)
+    assert batch.request_counts is not None and batch.request_counts.completed == len(lines)
+    after = served()
+    assert {n: after[n] - before[n] for n in workers} == {n: 2.0 for n in workers}
 
 
 def _applied_sampling(api: str, completion_id: str) -> dict:

@@ -1,6 +1,7 @@
 """A worker that dies or drains: its jobs go on elsewhere, each with exactly one result."""
 
 import asyncio
+import re
 import time
 
 from aiokafka import AIOKafkaProducer
@@ -47,24 +48,52 @@ def test_a_killed_worker_loses_no_job(services, start_worker, prefix) -> None:
     assert all(rs[0].status is JobStatus.COMPLETED for rs in by_id.values())
 
 
-def test_sigterm_drains_and_exits_zero_without_losing_jobs(services, start_worker, prefix) -> None:
+def _assignments(worker_log: str) -> list[set[str]]:
+    """Each assignment the worker logged, as its ``topic:partition`` names."""
+    return [
+        set(re.findall(r"[\w.-]+:\d+", found))
+        for found in re.findall(r"assigned \[([^\]]*)\]", worker_log)
+    ]
+
+
+def test_a_worker_that_drains_and_comes_back_loses_and_repeats_nothing(
+    services, start_worker, prefix
+) -> None:
+    """SIGTERM drains and exits 0; the other worker takes the partitions over, and when
+    the leaver comes back each worker gets half of each lane (the interactive lane is
+    not left to one worker); every job has one result."""
     kafka, _ = services
     names = Names(prefix)
-    ids = [f"s{i}" for i in range(12)]
-    worker = start_worker("--drain-deadline-s", "3", "--max-num-seqs", "4")
+    ids = [f"s{i}" for i in range(16)]
+    share = ("--max-num-seqs", "4", "--engine-threads", str(threads_per_worker(2)))
+    staying = start_worker(*share)
+    leaving = start_worker("--drain-deadline-s", "3", *share)
 
     async def first_results() -> None:
         await produce_records(kafka.address, names.jobs_topic, [long_job(i, 120) for i in ids])
-        await read_topic(kafka.address, names.results_topic, lambda values: len(values) >= 1)
+        await read_topic(kafka.address, names.results_topic, lambda values: len(values) >= 2)
 
     asyncio.run(asyncio.wait_for(first_results(), TIMEOUT_S))
-    worker.process.terminate()
-    assert worker.process.wait(timeout=30) == 0, worker.log()
-    start_worker()  # the jobs the first one left behind are redelivered here
+    leaving.process.terminate()
+    assert leaving.process.wait(timeout=30) == 0, leaving.log()
+    deadline = time.monotonic() + 30
+    while not any(len(found) == 8 for found in _assignments(staying.log())):
+        assert time.monotonic() < deadline, staying.log()
+        time.sleep(0.2)
+    returned = start_worker(*share)  # the jobs the leaver left are redelivered somewhere
     raw = asyncio.run(
         asyncio.wait_for(read_topic(kafka.address, names.results_topic, all_ids(ids)), TIMEOUT_S)
     )
-    assert sorted(results_by_id(raw)) == sorted(ids)
+    by_id = results_by_id(raw)
+    assert sorted(by_id) == sorted(ids)
+    assert all(len(results) == 1 for results in by_id.values()), by_id
+    deadline = time.monotonic() + 30
+    while len(after := _assignments(staying.log())[-1]) == 8:  # until it gives some back
+        assert time.monotonic() < deadline, (staying.log(), returned.log())
+        time.sleep(0.2)
+    assert all(name.startswith(prefix) for name in after)
+    lanes = [name.rsplit(":", 1)[0] for name in after]
+    assert sorted(lanes) == sorted(list(names.lanes) * 2), after
 
 
 async def _produce_as_the_dead_worker(bootstrap: str, names: Names, result: JobResult) -> None:

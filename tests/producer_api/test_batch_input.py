@@ -22,7 +22,7 @@ def _line(custom_id: str, url: str = CHAT, **body) -> bytes:
 
 def test_valid_lines_come_back_in_order_with_their_file_line_numbers() -> None:
     content = b"\n".join([_line("a"), b"", _line("b", max_tokens=3), b"  "]) + b"\n"
-    requests, errors = read_input(content, CHAT, "m")
+    requests, errors = read_input(content, CHAT, ["m"])
     assert errors == []
     assert [(r.line, r.custom_id) for r in requests] == [(1, "a"), (3, "b")]
     assert requests[1].body.max_tokens == 3
@@ -30,7 +30,7 @@ def test_valid_lines_come_back_in_order_with_their_file_line_numbers() -> None:
 
 def test_the_completions_endpoint_takes_its_own_bodies() -> None:
     content = _line("a", "/v1/completions", prompt=[1, 2, 3]) + b"\n"
-    requests, errors = read_input(content, "/v1/completions", "m")
+    requests, errors = read_input(content, "/v1/completions", ["m"])
     assert errors == [] and requests[0].body.prompts() == [[1, 2, 3]]
 
 
@@ -48,7 +48,7 @@ def test_the_completions_endpoint_takes_its_own_bodies() -> None:
     ],
 )  # fmt: skip
 def test_an_invalid_line_fails_the_file_naming_its_line(raw, code, param) -> None:
-    requests, errors = read_input(_line("ok") + b"\n" + raw + b"\n", CHAT, "m")
+    requests, errors = read_input(_line("ok") + b"\n" + raw + b"\n", CHAT, ["m"])
     assert requests == []  # no line of an invalid file runs
     assert [(e.line, e.code) for e in errors] == [(2, code)]
     if param is not None:
@@ -57,12 +57,12 @@ def test_an_invalid_line_fails_the_file_naming_its_line(raw, code, param) -> Non
 
 def test_a_line_larger_than_a_request_may_be_is_refused() -> None:
     huge = _line("big", messages=[{"role": "user", "content": "x" * 1_100_000}])
-    requests, errors = read_input(_line("ok") + b"\n" + huge + b"\n", CHAT, "m")
+    requests, errors = read_input(_line("ok") + b"\n" + huge + b"\n", CHAT, ["m"])
     assert requests == [] and [(e.line, e.code) for e in errors] == [(2, "request_too_large")]
 
 
 def test_an_empty_file_is_an_error() -> None:
-    assert [e.code for e in read_input(b"\n\n", CHAT, "m")[1]] == ["empty_file"]
+    assert [e.code for e in read_input(b"\n\n", CHAT, ["m"])[1]] == ["empty_file"]
 
 
 def test_batch_jobs_are_known_by_their_ids() -> None:
@@ -99,7 +99,7 @@ def test_a_batchs_lines_carry_its_expiry_and_run_behind_interactive_jobs() -> No
     from producer_api.schemas.batches import BatchObject
 
     content = b"\n".join([_line("a", n=2, priority=3), _line("b")]) + b"\n"
-    requests, _ = read_input(content, CHAT, "m")
+    requests, _ = read_input(content, CHAT, ["m"])
     expires = 2_000_000_000
     batch = BatchObject(
         id="batch_1", endpoint=CHAT, input_file_id="f", completion_window="24h",
@@ -111,3 +111,21 @@ def test_a_batchs_lines_carry_its_expiry_and_run_behind_interactive_jobs() -> No
     assert {job.deadline for job in jobs} == {datetime.fromtimestamp(expires, UTC)}
     assert [job.priority for job in jobs] == [3 + BATCH_PRIORITY] * 2 + [BATCH_PRIORITY]
     assert {job.tenant for job in jobs} == {"acme"}
+
+
+def test_a_file_may_name_several_served_models_and_each_line_runs_on_its_own() -> None:
+    from producer_api.batch_runner.lines import as_lines
+    from producer_api.schemas.batches import BatchObject
+
+    content = b"\n".join([_line("a", model="small"), _line("b"), _line("c", model="big")])
+    requests, errors = read_input(content, CHAT, ["big", "small"])
+    assert errors == []
+    batch = BatchObject(
+        id="batch_2", endpoint=CHAT, input_file_id="f", completion_window="24h",
+        status="in_progress", created_at=0,
+    )  # fmt: skip
+    assert [line.run.model for line in as_lines(batch, requests, "big")] == ["small", "big", "big"]
+    # A model that is not served (here: "small" gone) fails the file at validation only;
+    # the runner reading a validated file again keeps every line.
+    assert [e.line for e in read_input(content, CHAT, ["big"])[1]] == [1]
+    assert len(read_input(content, CHAT, None)[0]) == 3

@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from dataclasses import dataclass
-from pathlib import Path
+from io import StringIO
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
@@ -36,6 +37,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from queue_schemas import Names
+from queue_schemas.announcements import ANNOUNCE_EVERY_S, WorkerAnnouncement
 from queue_schemas.logs import configure_logging
 from worker.service.cancellations import Cancellations
 from worker.service.commits import Committer
@@ -45,6 +47,7 @@ from worker.service.flights import Flights, InFlight
 from worker.service.health import HealthServer, ListenError, health_app
 from worker.service.intake import Intake
 from worker.service.kafka_out import KafkaOut
+from worker.service.lane_assignor import StickyLanesAssignor
 from worker.service.metrics import WorkerMetrics
 from worker.service.offsets import OffsetTracker
 from worker.service.output_pump import OutputPump
@@ -55,7 +58,11 @@ from worker.service.settings import WorkerSettings
 log = logging.getLogger("genfleet.worker")
 WATCH_INTERVAL_S = 0.5
 STOP_TIMEOUT_S = 10.0
-ASSIGNORS = {"sticky": StickyPartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}
+ASSIGNORS = {
+    "sticky-lanes": StickyLanesAssignor,
+    "sticky": StickyPartitionAssignor,
+    "roundrobin": RoundRobinPartitionAssignor,
+}
 
 
 @dataclass
@@ -99,8 +106,9 @@ class _Connections:
                 heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
                 fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
                 max_partition_fetch_bytes=max(1_048_576, 2 * settings.max_record_bytes),
-                # Sticky: a rebalance moves as few partitions as it can, so the
-                # conversations keyed to the rest stay with the cache that holds them.
+                # Sticky per lane (``lane_assignor``): a rebalance moves as few partitions
+                # as it can, so the conversations keyed to the rest stay with the cache
+                # that holds them, and every worker gets its share of each lane.
                 partition_assignment_strategy=tuple(
                     ASSIGNORS[name] for name in settings.kafka_assignors.split(",")
                 ),
@@ -113,14 +121,17 @@ class _Connections:
                 await asyncio.wait_for(stop(), STOP_TIMEOUT_S)
             except TimeoutError:
                 log.warning("the Kafka %s did not stop within %.0f s", name, STOP_TIMEOUT_S)
-        await self.listener.aclose()
-        await self.redis.aclose()
+        for name, close in (("pub/sub", self.listener.aclose), ("Redis", self.redis.aclose)):
+            try:
+                await asyncio.wait_for(close(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("the %s connection did not close within %.0f s", name, STOP_TIMEOUT_S)
 
 
 class WorkerService:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
-        self.names = Names(settings.topic_prefix)
+        self.names = settings.names
         self.flights = Flights()
         self.offsets = OffsetTracker()
         self.stopping = asyncio.Event()
@@ -158,11 +169,10 @@ class WorkerService:
             ready.load.total_blocks,
             ready.max_model_len,
         )
-        model_name = Path(self.settings.model).name
-        self.metrics = WorkerMetrics(self.registry, model_name, ready.max_model_len)
+        self.metrics = WorkerMetrics(self.registry, self.settings.served_name, ready.max_model_len)
         self.metrics.describe_engine(ready)
         try:
-            await self._serve()
+            await self._serve(ready.max_model_len)
         finally:
             await self.engine.stop()
 
@@ -200,7 +210,7 @@ class WorkerService:
         if step.outputs and self.pump is not None:
             self.pump.stepped(step.outputs)
 
-    async def _serve(self) -> None:
+    async def _serve(self, max_model_len: int) -> None:
         settings, names = self.settings, self.names
         io = _Connections.open(settings, names)
         pump = self.pump = OutputPump(
@@ -228,6 +238,7 @@ class WorkerService:
             for coroutine in (
                 pump.run_outputs(), pump.run_results(), cancellations.run(),
                 partitions.run_commits(), self._watch(io.publisher, partitions),
+                self._announce(io.publisher, max_model_len),
             )
         ]  # fmt: skip
         for task in tasks:
@@ -241,9 +252,11 @@ class WorkerService:
                 await asyncio.wait_for(pump.all_sent(), RELEASE_WAIT_S)
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _ended(tasks)
             await intake.background.cancel()
             await partitions.commit()
+            with contextlib.suppress(Exception):  # else it drops out after the TTL
+                await asyncio.wait_for(io.publisher.withdraw(), STOP_TIMEOUT_S)
             await io.close()
         log.info("worker %s stopped", settings.worker_id)
 
@@ -279,6 +292,27 @@ class WorkerService:
             self.flights.forget(flight)
             self._abort(flight)
 
+    async def _announce(self, publisher: RedisPublisher, max_model_len: int) -> None:
+        """Every ``ANNOUNCE_EVERY_S``: alive, serving what, how loaded (for the API)."""
+        settings = self.settings
+        while True:
+            load = self.engine.load
+            await publisher.announce(
+                WorkerAnnouncement(
+                    worker_id=settings.worker_id,
+                    model=settings.served_name,
+                    default_lanes=settings.served_model_name is None,
+                    jobs_topic=self.names.jobs_topic,
+                    max_model_len=max_model_len,
+                    kv_blocks_total=load.total_blocks,
+                    kv_blocks_free=load.free_blocks,
+                    running=load.running,
+                    waiting=load.waiting,
+                    announced_at=time.time(),
+                )
+            )
+            await asyncio.sleep(ANNOUNCE_EVERY_S)
+
     async def _watch(self, publisher: RedisPublisher, partitions: Partitions) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
@@ -289,6 +323,16 @@ class WorkerService:
             if publisher.available.down:
                 await publisher.probe()
             await partitions.observe()
+
+
+async def _ended(tasks: list[asyncio.Task]) -> None:
+    """Wait for cancelled tasks to end; one that does not (a client library that holds
+    a cancellation) is named, with where it waits, and left behind: the worker exits."""
+    _, stuck = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+    for task in stuck:
+        where = StringIO()
+        task.print_stack(file=where)
+        log.warning("a task did not end within %.0f s: %s", STOP_TIMEOUT_S, where.getvalue())
 
 
 def run_worker(settings: WorkerSettings) -> int:

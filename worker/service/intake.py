@@ -26,7 +26,6 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from queue_schemas import DeadLetter, JobRequest, SamplingOptions
 from queue_schemas.messages import now
-from queue_schemas.names import Names
 from queue_schemas.redis_records import Delivery
 from worker.service.admission import Action, decide
 from worker.service.background import Background
@@ -92,7 +91,7 @@ class Intake:
         self.pump = pump
         self.metrics = metrics
         self.abort = abort
-        names = Names(settings.topic_prefix)
+        names = settings.names
         self.gates = lane_gates(settings, names)
         self.gate = self.gates[names.jobs_topic]
         self.attempts = Attempts(settings.worker_id)

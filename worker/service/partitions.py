@@ -82,7 +82,9 @@ class Partitions(ConsumerRebalanceListener):
         """Abort detached jobs whose partition went to another worker (it runs them now);
         keep those whose partition came back, and those whose record a broker lost
         (nobody else will be given them)."""
-        log.info("assigned %s", sorted(tp.partition for tp in assigned))
+        log.info(
+            "assigned [%s]", ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+        )
         self.joined = True
         gone = [
             f

@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from queue_schemas import JobResult, JobState, JobStatus, Names, TokenEvent
+from queue_schemas.announcements import WorkerAnnouncement, announce, withdraw
 from queue_schemas.messages import now
 from queue_schemas.redis_records import (
     DELIVERY_FIELDS,
@@ -74,6 +75,22 @@ class RedisPublisher:
     async def mark(self) -> None:
         """Set the marker whose absence after an outage means Redis lost its data."""
         await self.available.call(lambda: self.client.set(self._marker, 1))
+
+    async def announce(self, announcement: WorkerAnnouncement) -> None:
+        """Tell the API this worker is alive, what it serves and how loaded it is."""
+
+        async def attempt() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            announce(pipe, self.names, announcement)
+            await pipe.execute()
+
+        await self.available.call(attempt)
+
+    async def withdraw(self) -> None:
+        """Out of the live workers at once (a clean stop), rather than after the TTL."""
+        pipe = self.client.pipeline(transaction=True)
+        withdraw(pipe, self.names, self.worker)
+        await pipe.execute()
 
     async def publish(
         self,

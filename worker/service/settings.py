@@ -6,11 +6,13 @@ Imports no torch, so ``genfleet --help`` and the API's commands stay light.
 
 import os
 import socket
+from pathlib import Path
 
 from pydantic import Field
 
-from queue_schemas.bounds import MAX_RECORD_BYTES
+from queue_schemas.bounds import MAX_RECORD_BYTES, ServedModelName
 from queue_schemas.fleet_settings import FleetSettings
+from queue_schemas.names import Names
 from worker.config import EngineConfig
 from worker.service.engine_threads import serving_engine_threads
 
@@ -20,6 +22,12 @@ class WorkerSettings(FleetSettings, EngineConfig):
 
     model_config = FleetSettings.model_config  # GENFLEET_* variables
 
+    served_model_name: ServedModelName | None = Field(
+        None,
+        description="the name the model is served under; a worker given one reads that "
+        "model's own job lanes and consumer group, one without serves the fleet's default "
+        "model on the plain lanes",
+    )
     worker_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="name in results and logs",
@@ -42,10 +50,11 @@ class WorkerSettings(FleetSettings, EngineConfig):
         6000, ge=1000, description="a worker silent this long leaves the group"
     )
     kafka_assignors: str = Field(
-        "sticky",
-        pattern=r"^(sticky|roundrobin)(,(sticky|roundrobin))*$",
-        description="partition assignors, comma-separated, preferred first (a rolling "
-        "upgrade from a release that used roundrobin: sticky,roundrobin, then sticky)",
+        "sticky-lanes",
+        pattern=r"^(sticky-lanes|sticky|roundrobin)(,(sticky-lanes|sticky|roundrobin))*$",
+        description="partition assignors, comma-separated, preferred first: sticky-lanes "
+        "(each lane balanced, partitions kept across rebalances), Kafka's sticky or "
+        "roundrobin (a rolling upgrade from another: sticky-lanes,OTHER, then sticky-lanes)",
     )
     kafka_heartbeat_interval_ms: int = Field(
         1000, ge=100, description="heartbeats to the group (a third of the session or less)"
@@ -75,6 +84,16 @@ class WorkerSettings(FleetSettings, EngineConfig):
     # Redis.
     redis_max_connections: int = Field(16, ge=2, description="connections besides pub/sub")
     redis_timeout_s: float = Field(5.0, gt=0, description="a Redis call silent this long fails")
+
+    @property
+    def names(self) -> Names:
+        """The fleet's names, with the job lanes and group of the served model."""
+        return super().names.for_model(self.served_model_name)
+
+    @property
+    def served_name(self) -> str:
+        """The model's name in announcements and metrics (vLLM's ``model_name`` label)."""
+        return self.served_model_name or Path(self.model).name
 
     def engine_config(self) -> EngineConfig:
         """The engine's knobs; the threads a serving engine takes unless they are set."""
