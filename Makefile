@@ -32,4 +32,6 @@ lint: $(STAMP)
 
 test: lint
 	$(VENV)/bin/genfleet model fetch
-	$(PY) -m pytest -q
+	# Two test processes: much of an integration test is waiting on a broker or a
+	# subprocess (docs/testing.md, "How long the suite takes").
+	$(PY) -m pytest -q -n 2

@@ -2,7 +2,8 @@
 
 Against a whole fleet started here (the local broker and Redis, N workers):
 
-    python scripts/chaos.py --local --model PATH [--workers 2] [--scenario poison_records]
+    python scripts/chaos.py --local --model PATH [--workers 2] [--scenario poison_records] \
+        [--worker-flag=--kafka-session-timeout-ms --worker-flag=3000] [--log-dir DIR]
 
 Against your own deployment, with the faults given as shell commands (a
 scenario whose fault is not given is skipped); ``{seconds}`` is replaced by the
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--model", type=Path, help="model folder for the local workers")
     local.add_argument("--workers", type=int, default=2)
     local.add_argument("--worker-flag", action="append", default=[], help="passed to workers")
+    local.add_argument("--log-dir", type=Path, help="keep the fleet's logs here")
     remote = parser.add_argument_group("your deployment")
     remote.add_argument("--kafka-bootstrap")
     remote.add_argument("--redis-url")
@@ -118,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.local:
         if args.model is None:
             parser.error("--local needs --model")
-        with tempfile.TemporaryDirectory() as logs, local_fleet(args.model, Path(logs)) as fleet:
+        with (
+            tempfile.TemporaryDirectory() as scratch,
+            local_fleet(args.model, args.log_dir or Path(scratch)) as fleet,
+        ):
             # Workers on one host share its cores, as under `genfleet up --workers N`.
             share = ["--engine-threads", str(threads_per_worker(args.workers))]
             for _ in range(args.workers):

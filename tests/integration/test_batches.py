@@ -213,7 +213,10 @@ def _gauge(metrics_url: str, name: str) -> float | None:
 def test_a_batch_past_its_window_expires_with_what_finished(batch_fleet) -> None:
     client = batch_fleet.restart_api("--batch-window-s", "10")
     batch_fleet.start_runner("--batch-max-in-flight", "4")
-    batch = create_batch(client, [chat_line(i, max_tokens=300, ignore_eos=True) for i in range(80)])
+    # The first window's lines are short (they finish within the window on a loaded
+    # host too), the rest too long for all of them to.
+    lines = [chat_line(i, max_tokens=4 if i < 4 else 300, ignore_eos=True) for i in range(80)]
+    batch = create_batch(client, lines)
     assert batch.expires_at == batch.created_at + 10
     expired = wait_for_status(client, batch.id, {"expired", "completed"}, timeout_s=60)
     assert expired.status == "expired" and expired.expired_at >= batch.expires_at

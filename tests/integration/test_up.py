@@ -148,7 +148,10 @@ def _each_model_answers_through_its_own_workers(api: str, workers: dict[str, str
     """``/v1/models`` lists both; a request (or a batch line) for a model runs on that
     model's worker only; an unknown model is OpenAI's 404."""
     client = OpenAI(base_url=f"{api}/v1", api_key="unused", max_retries=0, timeout=60)
-    listed = client.models.list().data
+    deadline = time.monotonic() + 10  # the API reads announcements at most every 2 s
+    while len(listed := client.models.list().data) < len(workers):
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.5)
     assert [m.id for m in listed] == list(workers)
     assert all(m.model_extra and m.model_extra["max_model_len"] == 1024 for m in listed)
     assert [client.models.retrieve(name).id for name in workers] == list(workers)
