@@ -132,17 +132,22 @@ def _seconds(moment: datetime | None) -> float:
     return moment.timestamp()
 
 
+def timings_of(seen: list[FleetRequest], start: float) -> list[RequestTiming]:
+    """The client's view of each request, in seconds from ``start``."""
+    return [
+        RequestTiming(r.sent_at - start, r.first_chunk_at - start, r.done_at - start,
+                      r.completion_tokens)
+        for r in seen
+    ]  # fmt: skip
+
+
 async def _run(
     client: "AsyncOpenAI", bootstrap: str, names: Names, model: str, requests: list[BenchRequest]
 ) -> FleetRun:
     start = time.time() + 0.2
     seen = await asyncio.gather(*(stream_completion(client, model, r, start) for r in requests))
     results = await _results(bootstrap, names, {r.job_id for r in seen})
-    timings = [
-        RequestTiming(r.sent_at - start, r.first_chunk_at - start, r.done_at - start,
-                      r.completion_tokens)
-        for r in seen
-    ]  # fmt: skip
+    timings = timings_of(seen, start)
     legs = []
     for r in seen:
         result = results[r.job_id]

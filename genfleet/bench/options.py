@@ -42,6 +42,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="the whole fleet (broker, Redis, one worker, the API) over HTTP "
         "against the offline engine on the same requests",
     )
+    parser.add_argument(
+        "--serve",
+        metavar="URL",
+        help="benchmark an OpenAI-compatible server already running there (genfleet up, "
+        "vllm serve, ...) with this workload and client; --model gives the tokenizer",
+    )
+    parser.add_argument(
+        "--served-model",
+        help="--serve: the model name the server answers to (default: --model)",
+    )
     _add_engine_arguments(parser)
     _add_fleet_arguments(parser)
 

@@ -92,6 +92,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise ValueError("the benchmark needs a model folder with a tokenizer")
     console = Console()
+    if args.serve:
+        return _serve_benchmark(args, workloads, tokenizer, console)
     if args.batch_mix:
         from genfleet.bench.batch_mix import run_batch_mix
         from genfleet.bench.fleet import worker_flags
@@ -201,6 +203,28 @@ def _worker_settings(args: argparse.Namespace, folder: Path) -> "WorkerSettings"
         stream_interval=args.stream_interval,
         engine_threads=args.engine_threads,
     )
+
+
+def _serve_benchmark(
+    args: argparse.Namespace,
+    workloads: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    console: Console,
+) -> int:
+    """A running server on each workload; Poisson's rate from its burst unless given."""
+    from genfleet.bench.serve import run_serve
+
+    model, rate = args.served_model or args.model, args.rate
+    for workload in workloads:
+        requests = make_workload(workload, tokenizer, args.seed, rate)
+        (summary,) = run_serve(args.serve, model, {workload: requests}, console).values()
+        title = f"{workload}: {len(requests)} requests"
+        if workload == "poisson":
+            title += f" at {rate:.2f} req/s"
+        elif rate is None:
+            rate = poisson_rate(summary.output_tokens_per_s)
+        console.print(_table(title, [summary]))
+    return 0
 
 
 def _fleet_benchmark(
