@@ -224,6 +224,11 @@ def _serve_benchmark(
         elif rate is None:
             rate = poisson_rate(summary.output_tokens_per_s)
         console.print(_table(title, [summary]))
+        console.print(
+            f"{workload}: {summary.output_tokens_per_s:.1f} output tok/s, TTFT p50 "
+            f"{summary.p50_ttft:.2f} s (mean {summary.mean_ttft:.2f} s)",
+            highlight=False,
+        )
     return 0
 
 

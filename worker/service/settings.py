@@ -16,6 +16,12 @@ from queue_schemas.names import Names
 from worker.config import EngineConfig
 from worker.service.engine_threads import serving_engine_threads
 
+# A CPU worker's step, as vLLM's CPU server takes it: through `genfleet up` with one
+# client, the median TTFT of a 20-request burst was 1.35-1.39 s against 1.66-1.83 s
+# with the offline engine's 512 tokens and 64 sequences, throughput alike
+# (docs/benchmarks.md, "genfleet up against vllm serve").
+CPU_SERVING_STEP = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+
 
 class WorkerSettings(FleetSettings, EngineConfig):
     """The service's settings, on top of the engine's (``EngineConfig``)."""
@@ -96,11 +102,19 @@ class WorkerSettings(FleetSettings, EngineConfig):
         return self.served_model_name or Path(self.model).name
 
     def engine_config(self) -> EngineConfig:
-        """The engine's knobs; the threads a serving engine takes unless they are set."""
-        config = EngineConfig(**self.engine_fields())
-        if config.engine_threads is None:
-            from worker.device import resolve_device  # torch: in the engine process
+        """The engine's knobs; the threads, and on a CPU the step budget, a serving engine
+        takes unless they are set."""
+        from worker.device import resolve_device  # torch: in the engine process
 
-            threads = serving_engine_threads(resolve_device(config.device))
-            config = config.model_copy(update={"engine_threads": threads})
-        return config
+        config = EngineConfig(**self.engine_fields())
+        device = resolve_device(config.device)
+        updates: dict[str, object] = {}
+        if config.engine_threads is None:
+            updates["engine_threads"] = serving_engine_threads(device)
+        if device == "cpu":
+            updates |= {
+                name: value
+                for name, value in CPU_SERVING_STEP.items()
+                if name not in self.model_fields_set
+            }
+        return config.model_copy(update=updates)

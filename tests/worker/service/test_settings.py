@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from worker.config import EngineConfig
 from worker.service.engine_threads import serving_engine_threads, usable_cores
 from worker.service.settings import WorkerSettings
 
@@ -50,3 +51,18 @@ def test_a_container_cpu_limit_bounds_the_usable_cores(
     path.write_text(cpu_max)
     assert usable_cores(path) == cores
     assert usable_cores(NO_CGROUP) == 16
+
+
+def test_a_cpu_worker_steps_with_the_serving_budget_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.service.settings import CPU_SERVING_STEP
+
+    config = WorkerSettings(device="cpu").engine_config()
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (2048, 128)
+    assert CPU_SERVING_STEP == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    monkeypatch.setenv("GENFLEET_MAX_NUM_SEQS", "7")
+    given = WorkerSettings(device="cpu", max_num_batched_tokens=512).engine_config()
+    assert (given.max_num_batched_tokens, given.max_num_seqs) == (512, 7)
+    # The offline engine's defaults are its own.
+    assert (EngineConfig().max_num_batched_tokens, EngineConfig().max_num_seqs) == (512, 64)
