@@ -17,7 +17,6 @@ under its name (``--served-model-name``) on lanes of its own.
 """
 
 import argparse
-import re
 import signal
 import socket
 import tempfile
@@ -27,12 +26,13 @@ from itertools import islice
 from pathlib import Path
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
 from genfleet.local_fleet import LocalFleet, local_fleet
 from genfleet.processes import FleetProcess
 from genfleet.settings_flags import add_settings_arguments, as_flags, given_settings
-from queue_schemas.bounds import MAX_SERVED_MODEL_CHARS, SERVED_MODEL_PATTERN
+from queue_schemas.bounds import MAX_SERVED_MODEL_CHARS, ServedModelName
 from worker.config import EngineConfig
 from worker.service.engine_threads import threads_per_worker
 
@@ -42,6 +42,7 @@ BATCH_LINES_PER_WORKER = 16
 FIRST_PROMPT = "What is the capital of France? Answer in one sentence."
 SHOWN_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens")
 
+SERVED_NAME = TypeAdapter(ServedModelName)
 console = Console(soft_wrap=True)  # URLs and commands stay whole in a log
 
 
@@ -92,11 +93,13 @@ def _served_models(names: list[str]) -> list[tuple[str, str]]:
     models = [_workers_model(name) for name in names]
     served = [name for _, name in models]
     for name in served:
-        if len(name) > MAX_SERVED_MODEL_CHARS or not re.match(SERVED_MODEL_PATTERN, name):
+        try:
+            SERVED_NAME.validate_python(name)
+        except ValidationError:
             raise ValueError(
                 f"{name!r} cannot be a served model name (at most {MAX_SERVED_MODEL_CHARS} "
                 "letters, digits and ._/-): rename its folder"
-            )
+            ) from None
     if len(set(served)) < len(served):
         raise ValueError(f"two models would be served under one name: {served}")
     return models

@@ -28,7 +28,6 @@ class WorkerAnnouncement(WireModel):
         description="reads the fleet's plain job lanes (its default model) rather than the "
         "lanes of its served name"
     )
-    jobs_topic: str
     max_model_len: int = Field(ge=1)
     kv_blocks_total: int = Field(ge=0)
     kv_blocks_free: int = Field(ge=0)

@@ -25,9 +25,9 @@ from queue_schemas.redis_records import as_text
 log = logging.getLogger("genfleet.api")
 
 
-def model_not_found(model: str, param: str = "model") -> ApiError:
+def model_not_found(model: str) -> ApiError:
     return ApiError(
-        404, f"The model `{model}` does not exist.", param=param, code="model_not_found"
+        404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
     )
 
 
@@ -84,14 +84,14 @@ class ModelDirectory:
             lengths[model] = min(lengths.get(model, worker.max_model_len), worker.max_model_len)
         return lengths
 
-    async def resolve(self, requested: str | None, param: str = "model") -> str:
+    async def resolve(self, requested: str | None) -> str:
         """The served name of a request's model (None: the default), or a 404."""
         if requested is None or requested == self.default_model:
             return self.default_model
         for max_age_s in (ANNOUNCE_EVERY_S, 0.0):  # a miss is read again before the 404
             if requested in await self._named_models(max_age_s):
                 return requested
-        raise model_not_found(requested, param)
+        raise model_not_found(requested)
 
     def lanes(self, served_model: str) -> Names:
         """Where a served model's jobs go."""

@@ -15,7 +15,7 @@ from queue_schemas.announcements import ANNOUNCEMENT_TTL_S, WorkerAnnouncement, 
 
 def _announcement(worker: str, model: str, default_lanes: bool, at: float) -> WorkerAnnouncement:
     return WorkerAnnouncement(
-        worker_id=worker, model=model, default_lanes=default_lanes, jobs_topic="t",
+        worker_id=worker, model=model, default_lanes=default_lanes,
         max_model_len=2048, kv_blocks_total=8, kv_blocks_free=8, running=0, waiting=0,
         announced_at=at,
     )  # fmt: skip

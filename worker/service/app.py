@@ -302,7 +302,6 @@ class WorkerService:
                     worker_id=settings.worker_id,
                     model=settings.served_name,
                     default_lanes=settings.served_model_name is None,
-                    jobs_topic=self.names.jobs_topic,
                     max_model_len=max_model_len,
                     kv_blocks_total=load.total_blocks,
                     kv_blocks_free=load.free_blocks,

@@ -97,6 +97,6 @@ class StickyLanesAssignor(AbstractPartitionAssignor):
                 if owned:
                     assigned[member][topic] = owned
         return {
-            member: ConsumerProtocolMemberAssignment(cls.version, sorted(topics.items()), b"")
-            for member, topics in assigned.items()
+            member: ConsumerProtocolMemberAssignment(cls.version, sorted(owned.items()), b"")
+            for member, owned in assigned.items()
         }

@@ -21,6 +21,8 @@ from worker.service.engine_threads import serving_engine_threads
 # with the offline engine's 512 tokens and 64 sequences, throughput alike
 # (docs/benchmarks.md, "genfleet up against vllm serve").
 CPU_SERVING_STEP = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+# The partition assignors a worker may list (``worker.service.app.ASSIGNORS``).
+KAFKA_ASSIGNORS = "sticky-lanes|sticky|roundrobin"
 
 
 class WorkerSettings(FleetSettings, EngineConfig):
@@ -57,7 +59,7 @@ class WorkerSettings(FleetSettings, EngineConfig):
     )
     kafka_assignors: str = Field(
         "sticky-lanes",
-        pattern=r"^(sticky-lanes|sticky|roundrobin)(,(sticky-lanes|sticky|roundrobin))*$",
+        pattern=rf"^({KAFKA_ASSIGNORS})(,({KAFKA_ASSIGNORS}))*$",
         description="partition assignors, comma-separated, preferred first: sticky-lanes "
         "(each lane balanced, partitions kept across rebalances), Kafka's sticky or "
         "roundrobin (a rolling upgrade from another: sticky-lanes,OTHER, then sticky-lanes)",

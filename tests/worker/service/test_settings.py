@@ -66,3 +66,13 @@ def test_a_cpu_worker_steps_with_the_serving_budget_unless_told_otherwise(
     assert (given.max_num_batched_tokens, given.max_num_seqs) == (512, 7)
     # The offline engine's defaults are its own.
     assert (EngineConfig().max_num_batched_tokens, EngineConfig().max_num_seqs) == (512, 64)
+
+
+def test_every_assignor_a_worker_may_list_is_one_it_has() -> None:
+    from worker.service.app import ASSIGNORS
+    from worker.service.settings import KAFKA_ASSIGNORS
+
+    assert set(ASSIGNORS) == set(KAFKA_ASSIGNORS.split("|"))
+    assert WorkerSettings(kafka_assignors="sticky-lanes,sticky").kafka_assignors
+    with pytest.raises(ValueError, match="kafka_assignors"):
+        WorkerSettings(kafka_assignors="range")
