@@ -36,9 +36,12 @@ PACKED_TYPES = (
 GROUP_ROWS = 8  # output rows per packed group
 # Rows from which de-quantize-then-matmul beats the integer dot products
 # (docs/benchmarks.md, "Quantized weights"): for the row-by-row kernel; for the
-# 8-row groups only with bf16 activations (an fp32 matmul never catches up).
+# 8-row groups with bf16 activations, and with fp32 ones only on a CPU without VNNI
+# (with it an fp32 matmul never catches up; on AVX2 alone the integer kernel took
+# 1.04x the matmul's time at 384 rows and 1.10-1.19x from 768, 2026-12-06).
 MATMUL_ROWS = 32
 PACKED_MATMUL_ROWS = {torch.bfloat16: 192}
+PACKED_FP32_MATMUL_ROWS_WITHOUT_VNNI = 384
 # Weights de-quantized at once on the matmul path: 4 MiB of fp32, about a core's L2.
 TILE_ELEMENTS = 1 << 20
 
@@ -98,6 +101,21 @@ def dequantize(
         weight.in_features, out.data_ptr(),
     )  # fmt: skip
     return out.view(weight.out_features, weight.in_features)
+
+
+@cache
+def has_vnni() -> bool:
+    """Whether the library multiplies bytes with VNNI (else AVX2's two steps, or none)."""
+    function = load_library().quantized_has_vnni
+    function.argtypes, function.restype = [], _T
+    return bool(function())
+
+
+def _packed_matmul_rows(dtype: torch.dtype) -> int:
+    """Rows of x from which ``packed_linear`` de-quantizes and multiplies."""
+    if dtype == torch.float32 and not has_vnni():
+        return PACKED_FP32_MATMUL_ROWS_WITHOUT_VNNI
+    return PACKED_MATMUL_ROWS.get(dtype, 1 << 62)
 
 
 @cache
@@ -176,7 +194,7 @@ def packed_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | No
     n, k = weight.out_features, weight.in_features
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
-    if x.shape[0] >= PACKED_MATMUL_ROWS.get(x.dtype, 1 << 62):
+    if x.shape[0] >= _packed_matmul_rows(x.dtype):
         out = _tiled_matmul(x, bias, n, k, weight.dequantize_rows)
     else:
         out = _linear_rows(x, bias, n, k, _packed_linear, weight.ggml_type, weight.data)

@@ -89,6 +89,24 @@ def test_packed_weights_take_the_matmul_path_where_it_is_faster(dtype) -> None:
 
 
 @native_only
+def test_fp32_takes_the_matmul_path_from_its_rows_only_without_vnni() -> None:
+    """Without VNNI an fp32 matmul overtakes the integer kernel on a prefill's rows."""
+    from kernels.native import quantized as native
+
+    weight = quantized(GGMLQuantizationType.Q4_1, 70, 96)
+    packed = native.PackedWeight(weight)
+    dense = reference.dequantize(weight, torch.float32)
+    rows = native.PACKED_FP32_MATMUL_ROWS_WITHOUT_VNNI
+    for count in (rows - 1, rows):
+        x = torch.randn(count, 96)
+        actual = native.packed_linear(x, packed, None)
+        # The integer kernel rounds x to 8 bits a block: far outside a matmul's tolerance.
+        took_matmul = torch.allclose(actual, x @ dense.T, atol=1e-4, rtol=1e-5)
+        assert took_matmul == (count >= rows and not native.has_vnni()), count
+        assert ((actual - x @ dense.T).abs() <= activation_bound(x, weight) + 1e-3).all()
+
+
+@native_only
 def test_leading_dims_are_kept() -> None:
     from kernels.native import quantized as native
 

@@ -68,7 +68,7 @@ class WorkerSettings(FleetSettings, EngineConfig):
         1000, ge=100, description="heartbeats to the group (a third of the session or less)"
     )
     kafka_fetch_max_wait_ms: int = Field(
-        25, ge=0, description="longest a fetch waits for new records"
+        100, ge=0, description="longest a fetch waits for new records"
     )
     stuck_timeout_s: float = Field(
         60.0, gt=0, description="one engine step running this long: leave the group, exit 1"
