@@ -35,25 +35,13 @@ def digest(requests: list[BenchRequest]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def genfleet_generate(model: str, dtype: str) -> tuple[Generate, object]:
-    from worker.llm import LLM
-    from worker.sampling_params import SamplingParams
-
-    llm = LLM(model=model, dtype=dtype)
-
-    def generate(requests: list[BenchRequest]) -> int:
-        params = [
-            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
-            for r in requests
-        ]
-        outputs = llm.generate([r.prompt_token_ids for r in requests], params)
-        return sum(len(o.outputs[0].token_ids) for o in outputs)
-
-    return generate, llm.get_tokenizer()
-
-
-def vllm_generate(model: str, dtype: str) -> tuple[Generate, object]:
-    from vllm import LLM, SamplingParams
+def engine_generate(engine: str, model: str, dtype: str) -> tuple[Generate, object]:
+    """The engine's ``LLM.generate`` over requests; both take vLLM's prompt and params."""
+    if engine == "vllm":
+        from vllm import LLM, SamplingParams
+    else:
+        from worker.llm import LLM  # type: ignore[assignment]
+        from worker.sampling_params import SamplingParams  # type: ignore[assignment]
 
     llm = LLM(model=model, dtype=dtype)
 
@@ -76,8 +64,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    build = genfleet_generate if args.engine == "genfleet" else vllm_generate
-    generate, tokenizer = build(args.model, args.dtype)
+    generate, tokenizer = engine_generate(args.engine, args.model, args.dtype)
     requests = make_workload("burst", tokenizer, args.seed)  # type: ignore[arg-type]
     generate(WARMUP)
     began = time.perf_counter()
