@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from worker.kv_sizing import GIB
 from worker.model_fetch import DEFAULT_MODEL
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -95,6 +96,13 @@ class EngineConfig(BaseModel):
     )
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks, fixed")
     kv_cache_memory_gib: float = Field(1.0, gt=0, description="CPU: KV cache budget (GiB)")
+    dense_weights_memory_gib: float = Field(
+        1.0,
+        ge=0,
+        description="CPU, quantized weights: room (GiB) for de-quantized copies of the "
+        "projections, which steps of many tokens run on where this host multiplies floats "
+        "faster than it reads the blocks (timed at load; 0: none)",
+    )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="CUDA: share of device memory for the engine, KV included"
     )
@@ -190,6 +198,10 @@ class EngineConfig(BaseModel):
         from worker.device import DTYPES  # torch
 
         return DTYPES[self.dtype]
+
+    @property
+    def dense_weights_bytes(self) -> int:
+        return int(self.dense_weights_memory_gib * GIB)
 
     @property
     def cache_torch_dtype(self) -> Any:

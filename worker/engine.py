@@ -107,7 +107,14 @@ class LLMEngine:
         tp: TensorParallel | None,
     ) -> None:
         """The model, the cache, the scheduler and the proposer (``__init__``'s rest)."""
-        model = load_model(model_path, config.torch_dtype, device, self.max_model_len, tp)
+        model = load_model(
+            model_path,
+            config.torch_dtype,
+            device,
+            self.max_model_len,
+            tp,
+            dense_weights_bytes=config.dense_weights_bytes,
+        )
         self.vocab_size = model.config.vocab_size
         self.tokenizer = load_tokenizer(model_path)
         self.eos_token_ids = eos_token_ids(model_path, self.tokenizer)

@@ -288,7 +288,12 @@ def follow(settings: FollowerSettings) -> None:
     torch.set_num_threads(rank_threads(config))
     tp = TensorParallel(rank, settings.size)
     model = load_model(
-        settings.model_path, config.torch_dtype, torch.device(device), settings.max_model_len, tp
+        settings.model_path,
+        config.torch_dtype,
+        torch.device(device),
+        settings.max_model_len,
+        tp,
+        dense_weights_bytes=config.dense_weights_bytes,
     )
     runner = ModelRunner(
         config.model_copy(update={"device": device}),

@@ -11,9 +11,19 @@ GGUF blocks (``use_quantized``) holds only those and runs ``quantized_linear``;
 on CPU hosts its blocks are re-laid out for the native kernel that advances 8
 rows at once (2.4x the blocks as stored, at one row), and the stored form is
 dropped.
+
+Such a layer can also hold a de-quantized copy of its weight in the activation
+dtype (``keep_dense``), re-laid out as a float weight is: where this host
+multiplies floats faster than the integer kernel reads blocks, steps of many
+rows (a prefill chunk, a large decode batch) take it and skip de-quantizing
+tiles per step. Where that begins is timed once per model (``dense_from_rows``):
+it differs by CPU (dense from 8 rows on an AVX512-BF16 core without AMX; the
+blocks won to 64 rows and more on an AMX one).
 """
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +40,13 @@ if TYPE_CHECKING:
 PACK_BATCH_HINT = 32
 
 PackedLinear = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+# Rows at which a layer's two CPU forms are timed against each other: a step's
+# tokens, from a decode batch to a prefill chunk. Timed with the weight in cache,
+# which flatters the dense form at few rows (a decode step streams it from memory,
+# four times the blocks' bytes in bf16), so the ladder starts at 8 rows.
+CALIBRATION_ROWS = (8, 16, 32, 64, 128, 256)
+NEVER = 1 << 62
 
 
 def _native_bf16(weight: torch.Tensor) -> PackedLinear | None:
@@ -79,9 +96,41 @@ def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
     return _onednn(weight)
 
 
+def first_dense_rows(times: Mapping[int, tuple[float, float]]) -> int:
+    """From rows -> (blocks' time, dense time): the fewest rows from which the dense
+    form was faster at every larger count too; ``NEVER`` if not at the largest."""
+    first = NEVER
+    for rows in sorted(times, reverse=True):
+        blocks, dense = times[rows]
+        if dense >= blocks:
+            break
+        first = rows
+    return first
+
+
+def dense_from_rows(blocks: PackedLinear, dense: PackedLinear, x_row: torch.Tensor) -> int:
+    """The rows from which ``dense`` beats ``blocks`` on this host (``first_dense_rows``
+    over ``CALIBRATION_ROWS``, each form's best of three, taken in turn)."""
+    times = {}
+    for rows in CALIBRATION_ROWS:
+        x = x_row.expand(rows, -1).contiguous()
+        best = [float("inf"), float("inf")]
+        for _ in range(3):
+            for form, layer in enumerate((blocks, dense)):
+                began = time.perf_counter()
+                layer(x, None)
+                best[form] = min(best[form], time.perf_counter() - began)
+        times[rows] = (best[0], best[1])
+    return first_dense_rows(times)
+
+
 class Linear(nn.Linear):
     packed: PackedLinear | None = None
     quantized: QuantizedWeight | None = None
+    # The re-laid-out blocks behind ``packed``, and a float copy for many rows.
+    blocks: "PackedWeight | None" = None
+    dense: PackedLinear | None = None
+    dense_from: int = NEVER
     # How the weight is held when not as a parameter: GGML format name and bytes.
     stored_as: tuple[str, int] | None = None
 
@@ -97,12 +146,65 @@ class Linear(nn.Linear):
             return
         packed = pack_quantized(self.quantized)
         if packed is not None:
-            self.packed = packed_layer(packed)
+            self.blocks, self.packed = packed, packed_layer(packed)
             self.quantized = None  # the packed copy holds the same bytes
 
+    def dense_bytes(self, dtype: torch.dtype) -> int:
+        """What ``keep_dense`` would take; 0 for a layer without re-laid-out blocks."""
+        if self.blocks is None:
+            return 0
+        return self.out_features * self.in_features * dtype.itemsize
+
+    def keep_dense(self, dtype: torch.dtype) -> None:
+        """Also hold the blocks de-quantized to ``dtype``, for steps from ``dense_from`` rows."""
+        assert self.blocks is not None
+        n, k = self.out_features, self.in_features
+        weight = self.blocks.dequantize_rows(0, n, torch.empty(n * k, dtype=dtype))
+        self.dense = pack_for_cpu(weight) or (lambda x, bias: F.linear(x, weight, bias))
+
+    def drop_dense(self) -> None:
+        self.dense, self.dense_from = None, NEVER
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None and x.numel() >= self.dense_from * self.in_features:
+            return self.dense(x, self.bias)
         if self.quantized is not None:
             return quantized_linear(x, self.quantized, self.bias)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return self.packed(x, self.bias)
+
+
+@dataclass(frozen=True)
+class DenseCopies:
+    """What ``keep_dense_copies`` kept: layers, bytes, and the rows they serve from."""
+
+    layers: int
+    bytes: int
+    from_rows: int
+
+
+def keep_dense_copies(linears: list[Linear], dtype: torch.dtype, budget: int) -> DenseCopies:
+    """De-quantized copies of block layers, in order, while they fit in ``budget``
+    bytes; all dropped again where the host never multiplies them faster."""
+    kept: list[Linear] = []
+    for layer in linears:
+        size = layer.dense_bytes(dtype)
+        if 0 < size <= budget:
+            layer.keep_dense(dtype)
+            budget -= size
+            kept.append(layer)
+    if not kept:
+        return DenseCopies(0, 0, NEVER)
+    largest = max(kept, key=lambda layer: layer.dense_bytes(dtype))
+    assert largest.packed is not None and largest.dense is not None
+    x_row = torch.randn(1, largest.in_features, dtype=dtype)
+    rows = dense_from_rows(largest.packed, largest.dense, x_row)
+    for layer in kept:
+        if rows == NEVER:
+            layer.drop_dense()
+        else:
+            layer.dense_from = rows
+    if rows == NEVER:
+        return DenseCopies(0, 0, NEVER)
+    return DenseCopies(len(kept), sum(layer.dense_bytes(dtype) for layer in kept), rows)

@@ -22,7 +22,15 @@ from kernels import (
 )
 from kernels.quantized_weight import QuantizedWeight
 from worker.models.attention_metadata import AttentionMetadata
-from worker.models.linear import Linear, PackedLinear, pack_for_cpu, pack_quantized, packed_layer
+from worker.models.linear import (
+    DenseCopies,
+    Linear,
+    PackedLinear,
+    keep_dense_copies,
+    pack_for_cpu,
+    pack_quantized,
+    packed_layer,
+)
 from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
 
@@ -248,13 +256,17 @@ class LlamaForCausalLM(nn.Module):
         # The tied embedding as an output layer: packed, or over its GGUF blocks.
         self.tied_output: PackedLinear | None = None
 
-    def pack_weights(self) -> None:
-        """Re-lay out every projection for the CPU matmul library (no-op elsewhere)."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack()
+    def pack_weights(self, dense_bytes: int = 0) -> DenseCopies:
+        """Re-lay out every projection for the CPU matmul library (no-op elsewhere),
+        and keep de-quantized copies of block layers within ``dense_bytes``."""
+        linears = [module for module in self.modules() if isinstance(module, Linear)]
+        for module in linears:
+            module.pack()
+        # The output layer only ever sees a step's sampled rows: no copy for it.
+        projections = [module for module in linears if module is not getattr(self, "lm_head", None)]
+        dense = keep_dense_copies(projections, self.model.norm.weight.dtype, dense_bytes)
         if not self.tie_word_embeddings:
-            return  # lm_head is a Linear: packed above
+            return dense  # lm_head is a Linear: packed above
         embedding = self.model.embed_tokens
         quantized = embedding.quantized
         packed = None if quantized is None else pack_quantized(quantized)
@@ -265,6 +277,7 @@ class LlamaForCausalLM(nn.Module):
             self.tied_output = lambda x, bias: quantized_linear(x, quantized, bias)
         else:
             self.tied_output = pack_for_cpu(self.model.embed_tokens.weight)
+        return dense
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin table; separate from __init__ since models are built on meta."""

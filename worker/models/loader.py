@@ -114,9 +114,11 @@ def load_model(
     device: torch.device,
     max_positions: int,
     tp: TensorParallel | None = None,
+    dense_weights_bytes: int = 0,
 ) -> LlamaForCausalLM:
     """The model of a Hugging Face folder or a GGUF file, ready to run on ``device``;
-    with ``tp``, this rank's shard of it."""
+    with ``tp``, this rank's shard of it; on a CPU, quantized projections also
+    de-quantized within ``dense_weights_bytes`` where that is faster for many rows."""
     path = Path(path)
     tp = tp or TensorParallel()
     tensors: Iterator[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
@@ -151,5 +153,12 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint in {str(path)!r} lacks weights: {missing[:5]}")
     model.init_rope_cache(max_positions, device)
-    model.pack_weights()
+    dense = model.pack_weights(dense_weights_bytes)
+    if dense.layers:
+        log.info(
+            "%d quantized projections also de-quantized (%.1f MiB), for steps from %d tokens",
+            dense.layers,
+            dense.bytes / 2**20,
+            dense.from_rows,
+        )
     return model.eval()

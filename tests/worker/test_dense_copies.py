@@ -1,0 +1,111 @@
+"""De-quantized copies of block layers (``dense_weights_memory_gib``): kept within the
+budget, taken only from the rows the load timed them faster at, and as exact as the
+de-quantized weight in the activation dtype."""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from kernels import dequantize, dispatch
+from tests.conftest import build_tiny_model
+from tests.worker.gguf_files import write_gguf
+from worker.models import linear
+from worker.models.linear import NEVER, Linear, first_dense_rows
+from worker.models.loader import load_model
+
+native_only = pytest.mark.skipif(
+    not dispatch._native_builds(), reason="no C++ compiler builds the native kernels here"
+)
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("dense_faster_at", "expected"),
+    [
+        ({8, 16, 32, 64, 128, 256}, 8),
+        ({64, 128, 256}, 64),
+        ({16, 256}, 256),  # faster at 16 but not at 32: only from 256 on
+        ({8, 16, 32}, NEVER),  # slower at the largest rows: never
+        (set(), NEVER),
+    ],
+)
+def test_dense_copies_serve_from_the_rows_where_they_stay_faster(
+    dense_faster_at: set[int], expected: int
+) -> None:
+    times = {
+        rows: (1.0, 0.5 if rows in dense_faster_at else 2.0) for rows in linear.CALIBRATION_ROWS
+    }
+    assert first_dense_rows(times) == expected
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("dense")
+    model = build_tiny_model("llama-untied", root / "source")
+    return str(write_gguf(model, root / "gguf" / "model.gguf", GGMLQuantizationType.Q4_1))
+
+
+def _projections(model: torch.nn.Module) -> list[Linear]:
+    return [m for m in model.model.layers.modules() if isinstance(m, Linear)]
+
+
+def _load(path: str, dtype: torch.dtype, budget: int, monkeypatch, from_rows: int = 16):
+    monkeypatch.setattr(linear, "dense_from_rows", lambda *_: from_rows)
+    return load_model(path, dtype, torch.device("cpu"), 512, dense_weights_bytes=budget)
+
+
+@native_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_copies_fill_the_budget_in_order_and_no_further(gguf_path, monkeypatch, dtype) -> None:
+    layers = _projections(_load(gguf_path, dtype, 0, monkeypatch))
+    sizes = [layer.dense_bytes(dtype) for layer in layers]
+    assert all(size > 0 for size in sizes) and all(layer.dense is None for layer in layers)
+    budget = sum(sizes[:3])  # the first three fit exactly, then none
+    model = _load(gguf_path, dtype, budget, monkeypatch)
+    assert [layer.dense is not None for layer in _projections(model)] == [
+        i < 3 for i in range(len(sizes))
+    ]
+    assert all(layer.dense_from == 16 for layer in _projections(model) if layer.dense)
+
+
+@native_only
+def test_copies_are_dropped_where_the_blocks_are_never_slower(gguf_path, monkeypatch) -> None:
+    model = _load(gguf_path, torch.bfloat16, 64 * MiB, monkeypatch, from_rows=NEVER)
+    assert all(layer.dense is None for layer in _projections(model))
+
+
+@native_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_from_the_threshold_are_the_dequantized_weight_exactly(
+    gguf_path, monkeypatch, dtype
+) -> None:
+    """From ``dense_from`` rows the layer is ``x @ W.T`` with W the blocks de-quantized to
+    ``dtype`` (no 8-bit activations); below it, the integer kernel as before."""
+    layer = _projections(_load(gguf_path, dtype, 64 * MiB, monkeypatch))[-1]
+    blocks = _projections(_load(gguf_path, dtype, 0, monkeypatch))[-1]
+    assert blocks.blocks is not None
+    weight = torch.empty(layer.out_features * layer.in_features, dtype=dtype)
+    weight = blocks.blocks.dequantize_rows(0, layer.out_features, weight)
+    torch.manual_seed(0)
+    many, few = torch.randn(16, layer.in_features), torch.randn(15, layer.in_features)
+    exact = torch.nn.functional.linear(many.to(dtype).float(), weight.float())
+    tolerance = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]  # the product's rounding
+    torch.testing.assert_close(layer(many.to(dtype)).float(), exact, rtol=tolerance, atol=tolerance)
+    assert torch.equal(layer(few.to(dtype)), blocks(few.to(dtype)))
+    # The blocks' 8-bit activations give other numbers: the copy did the 16 rows.
+    assert not torch.equal(layer(many.to(dtype)), blocks(many.to(dtype)))
+
+
+def test_the_gguf_weights_are_what_the_copy_holds(gguf_path, monkeypatch) -> None:
+    """Guards the test above: the re-laid-out blocks de-quantize as the stored ones."""
+    monkeypatch.setenv("GENFLEET_KERNELS", "torch")
+    stored = _projections(load_model(gguf_path, torch.float32, torch.device("cpu"), 512))[-1]
+    assert stored.quantized is not None and stored.dense is None  # no copies off the native path
+    monkeypatch.delenv("GENFLEET_KERNELS")
+    if not dispatch._native_builds():
+        pytest.skip("no C++ compiler builds the native kernels here")
+    packed = _projections(_load(gguf_path, torch.float32, 0, monkeypatch))[-1]
+    assert packed.blocks is not None
+    rows = torch.empty(packed.out_features * packed.in_features)
+    rows = packed.blocks.dequantize_rows(0, packed.out_features, rows)
+    assert torch.equal(rows, dequantize(stored.quantized, torch.float32))
