@@ -1,6 +1,6 @@
 """De-quantized copies of block layers (``dense_weights_memory_gib``): kept within the
-budget, taken only from the rows the load timed them faster at, and as exact as the
-de-quantized weight in the activation dtype."""
+budget and counted in the weights' bytes, taken only from the rows the load timed them
+faster at, and as exact as the de-quantized weight in the activation dtype."""
 
 import pytest
 import torch
@@ -10,6 +10,7 @@ from kernels import dequantize, dispatch
 from tests.conftest import build_tiny_model
 from tests.worker.gguf_files import write_gguf
 from worker.models import linear
+from worker.models.footprint import weight_footprint
 from worker.models.linear import NEVER, Linear, first_dense_rows
 from worker.models.loader import load_model
 
@@ -57,7 +58,8 @@ def _load(path: str, dtype: torch.dtype, budget: int, monkeypatch, from_rows: in
 @native_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_copies_fill_the_budget_in_order_and_no_further(gguf_path, monkeypatch, dtype) -> None:
-    layers = _projections(_load(gguf_path, dtype, 0, monkeypatch))
+    blocks_only = _load(gguf_path, dtype, 0, monkeypatch)
+    layers = _projections(blocks_only)
     sizes = [layer.dense_bytes(dtype) for layer in layers]
     assert all(size > 0 for size in sizes) and all(layer.dense is None for layer in layers)
     budget = sum(sizes[:3])  # the first three fit exactly, then none
@@ -66,6 +68,9 @@ def test_copies_fill_the_budget_in_order_and_no_further(gguf_path, monkeypatch, 
         i < 3 for i in range(len(sizes))
     ]
     assert all(layer.dense_from == 16 for layer in _projections(model) if layer.dense)
+    # The engine's reported weights (logs, metrics) count the copies.
+    added = weight_footprint(model).bytes - weight_footprint(blocks_only).bytes
+    assert added == budget
 
 
 @native_only

@@ -10,7 +10,7 @@ from worker.device import dtype_name
 @dataclass(frozen=True)
 class WeightFootprint:
     formats: str  # "Q4_1+Q8_0+float32": quantized formats, then the float dtype
-    bytes: int
+    bytes: int  # de-quantized copies of quantized layers included
 
     def describe(self) -> str:
         return f"weights: {self.formats}, {self.bytes / 2**20:.1f} MiB"
@@ -24,6 +24,7 @@ def weight_footprint(model: nn.Module) -> WeightFootprint:
         if stored is not None:
             formats.add(stored[0])
             total += stored[1]
+        total += getattr(module, "dense_nbytes", 0)  # de-quantized copies (Linear.keep_dense)
     floats = {p.dtype for p in model.parameters()}
     total += sum(p.numel() * p.element_size() for p in model.parameters())
     names = sorted(formats) + sorted(dtype_name(dtype) for dtype in floats)

@@ -17,8 +17,8 @@ dtype (``keep_dense``), re-laid out as a float weight is: where this host
 multiplies floats faster than the integer kernel reads blocks, steps of many
 rows (a prefill chunk, a large decode batch) take it and skip de-quantizing
 tiles per step. Where that begins is timed once per model (``dense_from_rows``):
-it differs by CPU (dense from 8 rows on an AVX512-BF16 core without AMX; the
-blocks won to 64 rows and more on an AMX one).
+it differs by CPU (dense from 8 rows on an AVX512-BF16 core without AMX; on an
+AMX one the blocks beat the bf16 kernel at 64 rows; never in fp32 with VNNI).
 """
 
 import time
@@ -131,6 +131,7 @@ class Linear(nn.Linear):
     blocks: "PackedWeight | None" = None
     dense: PackedLinear | None = None
     dense_from: int = NEVER
+    dense_nbytes = 0
     # How the weight is held when not as a parameter: GGML format name and bytes.
     stored_as: tuple[str, int] | None = None
 
@@ -161,9 +162,10 @@ class Linear(nn.Linear):
         n, k = self.out_features, self.in_features
         weight = self.blocks.dequantize_rows(0, n, torch.empty(n * k, dtype=dtype))
         self.dense = pack_for_cpu(weight) or (lambda x, bias: F.linear(x, weight, bias))
+        self.dense_nbytes = weight.numel() * weight.element_size()
 
     def drop_dense(self) -> None:
-        self.dense, self.dense_from = None, NEVER
+        self.dense, self.dense_from, self.dense_nbytes = None, NEVER, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.numel() >= self.dense_from * self.in_features:
@@ -207,4 +209,4 @@ def keep_dense_copies(linears: list[Linear], dtype: torch.dtype, budget: int) ->
             layer.dense_from = rows
     if rows == NEVER:
         return DenseCopies(0, 0, NEVER)
-    return DenseCopies(len(kept), sum(layer.dense_bytes(dtype) for layer in kept), rows)
+    return DenseCopies(len(kept), sum(layer.dense_nbytes for layer in kept), rows)
