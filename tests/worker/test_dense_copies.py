@@ -2,6 +2,8 @@
 budget and counted in the weights' bytes, taken only from the rows the load timed them
 faster at, and as exact as the de-quantized weight in the activation dtype."""
 
+import time
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType
@@ -9,6 +11,7 @@ from gguf import GGMLQuantizationType
 from kernels import dequantize, dispatch
 from tests.conftest import build_tiny_model
 from tests.worker.gguf_files import write_gguf
+from worker import LLM
 from worker.models import linear
 from worker.models.footprint import weight_footprint
 from worker.models.linear import NEVER, Linear, first_dense_rows
@@ -37,6 +40,21 @@ def test_dense_copies_serve_from_the_rows_where_they_stay_faster(
         rows: (1.0, 0.5 if rows in dense_faster_at else 2.0) for rows in linear.CALIBRATION_ROWS
     }
     assert first_dense_rows(times) == expected
+
+
+def test_the_timing_finds_the_rows_where_the_copy_gets_ahead() -> None:
+    """Stand-ins whose time is known: the blocks 0.1 ms a row, the copy 2.5 ms a call,
+    so the copy is ahead from 32 rows of the ladder on."""
+
+    def blocks(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        time.sleep(x.shape[0] * 1e-4)
+        return x
+
+    def dense(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        time.sleep(2.5e-3)
+        return x
+
+    assert linear.dense_from_rows(blocks, dense, torch.ones(1, 4)) == 32
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +132,15 @@ def test_the_gguf_weights_are_what_the_copy_holds(gguf_path, monkeypatch) -> Non
     rows = torch.empty(packed.out_features * packed.in_features)
     rows = packed.blocks.dequantize_rows(0, packed.out_features, rows)
     assert torch.equal(rows, dequantize(stored.quantized, torch.float32))
+
+
+@native_only
+def test_the_engine_keeps_copies_within_its_setting(gguf_path, monkeypatch) -> None:
+    monkeypatch.setattr(linear, "dense_from_rows", lambda *_: 8)
+    without = LLM(gguf_path, dense_weights_memory_gib=0).engine
+    with_copies = LLM(gguf_path).engine  # the default budget holds the tiny model's copies
+    layers = _projections(with_copies.runner.model)
+    assert all(layer.dense is not None and layer.dense_from == 8 for layer in layers)
+    assert all(layer.dense is None for layer in _projections(without.runner.model))
+    added = with_copies.weights.bytes - without.weights.bytes
+    assert added == sum(layer.dense_nbytes for layer in layers) > 0

@@ -188,25 +188,28 @@ class DenseCopies:
 
 def keep_dense_copies(linears: list[Linear], dtype: torch.dtype, budget: int) -> DenseCopies:
     """De-quantized copies of block layers, in order, while they fit in ``budget``
-    bytes; all dropped again where the host never multiplies them faster."""
-    kept: list[Linear] = []
+    bytes; none where the host, timed on the largest of them, never multiplies the
+    copy faster than it reads the blocks."""
+    chosen: list[Linear] = []
     for layer in linears:
         size = layer.dense_bytes(dtype)
         if 0 < size <= budget:
-            layer.keep_dense(dtype)
             budget -= size
-            kept.append(layer)
-    if not kept:
+            chosen.append(layer)
+    if not chosen:
         return DenseCopies(0, 0, NEVER)
-    largest = max(kept, key=lambda layer: layer.dense_bytes(dtype))
+    largest = max(chosen, key=lambda layer: layer.dense_bytes(dtype))
+    largest.keep_dense(dtype)
     assert largest.packed is not None and largest.dense is not None
-    x_row = torch.randn(1, largest.in_features, dtype=dtype)
+    # Ones, not random rows: the kernels' time does not depend on the values, and a
+    # load must not move torch's random state (seeded sampling).
+    x_row = torch.ones(1, largest.in_features, dtype=dtype)
     rows = dense_from_rows(largest.packed, largest.dense, x_row)
-    for layer in kept:
-        if rows == NEVER:
-            layer.drop_dense()
-        else:
-            layer.dense_from = rows
     if rows == NEVER:
+        largest.drop_dense()
         return DenseCopies(0, 0, NEVER)
-    return DenseCopies(len(kept), sum(layer.dense_nbytes for layer in kept), rows)
+    for layer in chosen:
+        if layer.dense is None:
+            layer.keep_dense(dtype)
+        layer.dense_from = rows
+    return DenseCopies(len(chosen), sum(layer.dense_nbytes for layer in chosen), rows)
