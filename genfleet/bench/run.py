@@ -37,12 +37,21 @@ def _split(value: str, known: Collection[str]) -> list[str]:
     return items
 
 
+def _kv_cell(r: RunSummary) -> str:
+    if not r.kv_slots_allocated:  # a server measured from outside (--serve) does not say
+        return "-"
+    share = r.kv_slots_used / r.kv_slots_allocated
+    return f"{r.kv_slots_used}/{r.kv_slots_allocated} ({share:.0%})"
+
+
 def _table(title: str, rows: list[RunSummary]) -> Table:
     table = Table(title=title)
     for column in (
         "system", "out tok/s", "mean lat s", "p50 s", "p99 s", "TTFT s", "TPOT ms", "KV used/alloc",
     ):  # fmt: skip
-        table.add_column(column, justify="left" if column == "system" else "right")
+        # Narrow terminals wrap a cell (a --serve URL, the KV figures) rather than cut it.
+        justify = "left" if column == "system" else "right"
+        table.add_column(column, justify=justify, overflow="fold")
     for r in rows:
         table.add_row(
             r.system,
@@ -52,8 +61,7 @@ def _table(title: str, rows: list[RunSummary]) -> Table:
             f"{r.p99_latency:.2f}",
             f"{r.mean_ttft:.2f}",
             f"{r.mean_tpot * 1000:.1f}",
-            f"{r.kv_slots_used}/{r.kv_slots_allocated} "
-            f"({100 * r.kv_slots_used / max(1, r.kv_slots_allocated):.0f}%)",
+            _kv_cell(r),
         )
     return table
 
