@@ -62,15 +62,18 @@ def test_bench_and_up_take_the_engines_knobs_from_its_definitions() -> None:
     from worker.config import EngineConfig
 
     bench = build_parser().parse_args(
-        ["bench", "--model", "m", "--seed", "5", "--max-num-seqs", "7", "--no-enforce-eager"]
-    )
+        ["bench", "--model", "m", "--seed", "5", "--max-num-seqs", "7", "--no-enforce-eager",
+         "--dense-weights-memory-gib", "0"]
+    )  # fmt: skip
     config = _engine_config(bench, Path("/models/m"), "bfloat16")
     assert (config.model, config.seed, config.max_num_seqs, config.enforce_eager) == (
         "/models/m", 5, 7, False,
     )  # fmt: skip
+    assert config.dense_weights_memory_gib == 0
     assert config.max_num_batched_tokens == EngineConfig().max_num_batched_tokens  # not given
     worker = _worker_settings(bench, Path("/models/m"))
     assert (worker.model, worker.max_num_seqs, worker.dtype) == ("/models/m", 7, "bfloat16")
+    assert worker.dense_weights_memory_gib == 0
 
     up = build_parser().parse_args(
         ["up", "--max-num-seqs", "9", "--override-generation-config", '{"temperature": 0.1}']

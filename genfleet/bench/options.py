@@ -10,6 +10,7 @@ ENGINE_FLAGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "kv_cache_dtype",
+    "dense_weights_memory_gib",
     "speculative_config",
     "tensor_parallel_size",
 )
