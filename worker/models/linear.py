@@ -162,7 +162,7 @@ class Linear(nn.Linear):
         n, k = self.out_features, self.in_features
         weight = self.blocks.dequantize_rows(0, n, torch.empty(n * k, dtype=dtype))
         self.dense = pack_for_cpu(weight) or (lambda x, bias: F.linear(x, weight, bias))
-        self.dense_nbytes = weight.numel() * weight.element_size()
+        self.dense_nbytes = self.dense_bytes(dtype)
 
     def drop_dense(self) -> None:
         self.dense, self.dense_from, self.dense_nbytes = None, NEVER, 0
