@@ -100,8 +100,8 @@ class EngineConfig(BaseModel):
         1.0,
         ge=0,
         description="CPU, quantized weights: room (GiB) for de-quantized copies of the "
-        "projections, which steps of many tokens run on where this host multiplies floats "
-        "faster than it reads the blocks (timed at load; 0: none)",
+        "projections and output layer, which steps of many tokens run on where this host "
+        "multiplies floats faster than it reads the blocks (timed at load; 0: none)",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="CUDA: share of device memory for the engine, KV included"

@@ -139,8 +139,37 @@ def test_the_engine_keeps_copies_within_its_setting(gguf_path, monkeypatch) -> N
     monkeypatch.setattr(linear, "dense_from_rows", lambda *_: 8)
     without = LLM(gguf_path, dense_weights_memory_gib=0).engine
     with_copies = LLM(gguf_path).engine  # the default budget holds the tiny model's copies
-    layers = _projections(with_copies.runner.model)
+    model = with_copies.runner.model
+    layers = [*_projections(model), model.output_layer()]
     assert all(layer.dense is not None and layer.dense_from == 8 for layer in layers)
     assert all(layer.dense is None for layer in _projections(without.runner.model))
     added = with_copies.weights.bytes - without.weights.bytes
     assert added == sum(layer.dense_nbytes for layer in layers) > 0
+
+
+@native_only
+def test_the_tied_output_layer_is_timed_on_its_own_over_the_embeddings_blocks(
+    tmp_path, monkeypatch
+) -> None:
+    """The output layer sees only a step's sampled rows and its shape is unlike the
+    projections': its copy is timed apart. Tied, it runs on the embedding's blocks
+    (not a second copy of them, nor counted twice)."""
+    source = build_tiny_model("llama-tied", tmp_path / "source")
+    path = str(write_gguf(source, tmp_path / "gguf" / "model.gguf", GGMLQuantizationType.Q4_1))
+    timed = iter([16, 64])  # the projections' timing, then the output layer's
+    monkeypatch.setattr(linear, "dense_from_rows", lambda *_: next(timed))
+    dtype = torch.bfloat16
+    model = load_model(path, dtype, torch.device("cpu"), 512, dense_weights_bytes=64 * MiB)
+    output, embedding = model.output_layer(), model.model.embed_tokens
+    assert all(layer.dense_from == 16 for layer in _projections(model))
+    assert output is not None and output.dense_from == 64 and output.dense is not None
+    assert output.blocks is not None and output.blocks is embedding.packed
+    assert output.stored_as is None and not list(output.parameters())
+    n, k = output.out_features, output.in_features
+    weight = output.blocks.dequantize_rows(0, n, torch.empty(n * k, dtype=dtype)).float()
+    torch.manual_seed(0)
+    many, few = torch.randn(64, k).to(dtype), torch.randn(63, k).to(dtype)
+    exact = torch.nn.functional.linear(many.float(), weight)
+    torch.testing.assert_close(model.compute_logits(many), exact, rtol=3e-2, atol=3e-2)
+    assert torch.equal(model.compute_logits(few), output.packed(few, None).float())
+    assert not torch.equal(model.compute_logits(many), output.packed(many, None).float())

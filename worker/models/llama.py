@@ -14,7 +14,6 @@ from transformers import PretrainedConfig
 from kernels import (
     dequantize,
     paged_attention,
-    quantized_linear,
     rms_norm,
     rotary_embedding,
     silu_and_mul,
@@ -22,15 +21,7 @@ from kernels import (
 )
 from kernels.quantized_weight import QuantizedWeight
 from worker.models.attention_metadata import AttentionMetadata
-from worker.models.linear import (
-    DenseCopies,
-    Linear,
-    PackedLinear,
-    keep_dense_copies,
-    pack_for_cpu,
-    pack_quantized,
-    packed_layer,
-)
+from worker.models.linear import DenseCopies, Linear, keep_dense_copies
 from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
 
@@ -76,6 +67,16 @@ class Embedding(nn.Embedding):
         self.stored_as = (weight.ggml_type.name, weight.nbytes)
         self.compute_dtype = dtype
         self.register_parameter("weight", None)
+
+    def as_output_layer(self) -> Linear:
+        """A layer over this embedding's blocks or weight, not copied: the tied output."""
+        layer = Linear(self.embedding_dim, self.num_embeddings, bias=False, device="meta")
+        if self.quantized is None:
+            layer.weight = self.weight
+        else:
+            layer.register_parameter("weight", None)
+            layer.quantized = self.quantized  # not ``use_quantized``: counted here only
+        return layer
 
     def use_packed(self, packed: "PackedWeight") -> None:
         """Look rows up in ``packed`` (the native re-laid-out form of the same blocks,
@@ -253,31 +254,32 @@ class LlamaForCausalLM(nn.Module):
             _, rows, _ = tp.vocab_rows(config.vocab_size)
             self.lm_head = Linear(config.hidden_size, rows, bias=False)
         self.rope_cache = torch.empty(0)
-        # The tied embedding as an output layer: packed, or over its GGUF blocks.
-        self.tied_output: PackedLinear | None = None
+        # The tied embedding as an output layer (``pack_weights``): over its blocks or
+        # weight, which the embedding owns.
+        self.tied_output: Linear | None = None
 
-    def pack_weights(self, dense_bytes: int = 0) -> DenseCopies:
+    def output_layer(self) -> Linear | None:
+        return self.tied_output if self.tie_word_embeddings else self.lm_head
+
+    def pack_weights(self, dense_bytes: int = 0) -> dict[str, DenseCopies]:
         """Re-lay out every projection for the CPU matmul library (no-op elsewhere),
-        and keep de-quantized copies of block layers within ``dense_bytes``."""
+        and keep de-quantized copies of block layers within ``dense_bytes``: of the
+        projections, then of the output layer, timed on its own (it sees only a
+        step's sampled rows, and its shape is unlike theirs)."""
+        if self.tie_word_embeddings:
+            self.tied_output = self.model.embed_tokens.as_output_layer()
         linears = [module for module in self.modules() if isinstance(module, Linear)]
         for module in linears:
             module.pack()
-        # The output layer only ever sees a step's sampled rows: no copy for it.
-        projections = [module for module in linears if module is not getattr(self, "lm_head", None)]
-        dense = keep_dense_copies(projections, self.model.norm.weight.dtype, dense_bytes)
-        if not self.tie_word_embeddings:
-            return dense  # lm_head is a Linear: packed above
-        embedding = self.model.embed_tokens
-        quantized = embedding.quantized
-        packed = None if quantized is None else pack_quantized(quantized)
-        if packed is not None:
-            embedding.use_packed(packed)
-            self.tied_output = packed_layer(packed)
-        elif quantized is not None:
-            self.tied_output = lambda x, bias: quantized_linear(x, quantized, bias)
-        else:
-            self.tied_output = pack_for_cpu(self.model.embed_tokens.weight)
-        return dense
+        if self.tied_output is not None and self.tied_output.blocks is not None:
+            self.model.embed_tokens.use_packed(self.tied_output.blocks)
+        dtype = self.model.norm.weight.dtype
+        output = self.output_layer()
+        projections = [module for module in linears if module is not output]
+        copies = {"projections": keep_dense_copies(projections, dtype, dense_bytes)}
+        left = dense_bytes - copies["projections"].bytes
+        copies["output layer"] = keep_dense_copies([output] if output else [], dtype, left)
+        return copies
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin table; separate from __init__ since models are built on meta."""
@@ -299,8 +301,7 @@ class LlamaForCausalLM(nn.Module):
         return self._local_logits(hidden).float()
 
     def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if not self.tie_word_embeddings:
-            return self.lm_head(hidden)
-        if self.tied_output is not None:
-            return self.tied_output(hidden, None)
-        return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight)
+        output = self.output_layer()
+        if output is None:  # tied, not packed (a model used without ``pack_weights``)
+            return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight)
+        return output(hidden)

@@ -153,12 +153,13 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint in {str(path)!r} lacks weights: {missing[:5]}")
     model.init_rope_cache(max_positions, device)
-    dense = model.pack_weights(dense_weights_bytes)
-    if dense.layers:
-        log.info(
-            "%d quantized projections also de-quantized (%.1f MiB), for steps from %d tokens",
-            dense.layers,
-            dense.bytes / 2**20,
-            dense.from_rows,
-        )
+    for part, dense in model.pack_weights(dense_weights_bytes).items():
+        if dense.layers:
+            log.info(
+                "%s (%d layers) also de-quantized (%.1f MiB), for steps from %d rows",
+                part,
+                dense.layers,
+                dense.bytes / 2**20,
+                dense.from_rows,
+            )
     return model.eval()
