@@ -111,6 +111,30 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
     return out[0, len(prompt) :].tolist()
 
 
+def hf_greedy_batch(
+    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
+    """transformers' greedy generate over all ``prompts`` at once (left-padded and
+    masked: one decode step for all, not one per prompt), each cut after its first
+    end-of-sequence token, where a generate of that prompt alone stops."""
+    width = max(len(prompt) for prompt in prompts)
+    pads = torch.tensor([width - len(prompt) for prompt in prompts])
+    ids = torch.tensor([[0] * (width - len(prompt)) + prompt for prompt in prompts])
+    mask = (torch.arange(width)[None, :] >= pads[:, None]).long()
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+            pad_token_id=0,
+        )  # fmt: skip
+    eos = model.generation_config.eos_token_id
+    stops = set(eos if isinstance(eos, list) else [eos])
+    rows = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, token in enumerate(row) if token in stops), len(row))
+        rows.append(row[:end])
+    return rows
+
+
 def build_chat_model(folder: Path, smollm2_path: Path, context: int) -> Path:
     """A tiny random Llama that speaks through SmolLM2's tokenizer: real text, fast steps."""
     build_tiny_model(
