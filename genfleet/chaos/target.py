@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from queue_schemas import DeadLetter, JobResult, Names
 from queue_schemas.redis_records import read_state, streamed_output
+from queue_schemas.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -109,8 +110,7 @@ class TopicTail:
 
     async def __aexit__(self, *_: object) -> None:
         assert self._task is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait([self._task])
 
     async def _read(self) -> None:
         # A fresh consumer after any error: the broker may restart under it.

@@ -51,6 +51,7 @@ from producer_api.services.runs import Run
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult
 from queue_schemas.logs import configure_logging
+from queue_schemas.tasks import cancel_and_wait
 
 log = logging.getLogger("genfleet.batch")
 # A result wakes the runner at most this often, and after at least nine times the
@@ -86,8 +87,7 @@ class BatchRunner:
                 except OUTAGES as error:
                     log.warning("batch runner: %r; trying again", error)
                 await self._until_next_tick(stop, time.monotonic() - began)
-            reading.cancel()
-            await asyncio.gather(reading, return_exceptions=True)
+            await cancel_and_wait([reading])
         finally:
             await results.stop()
             await self.fleet.stop()

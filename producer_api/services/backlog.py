@@ -32,6 +32,7 @@ from producer_api.errors import ApiError
 from producer_api.metrics import ApiMetrics
 from producer_api.services.models import ModelDirectory
 from producer_api.settings import ApiSettings
+from queue_schemas.tasks import cancel_and_wait
 
 log = logging.getLogger("genfleet.api")
 RATE_WINDOW_S = 60.0
@@ -86,9 +87,7 @@ class FleetBacklog:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     def fresh(self, model: str) -> Backlog | None:
         """The model's latest reading unless it is older than three refreshes."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from queue_schemas.tasks import cancel_and_wait
+
 log = logging.getLogger("genfleet.api")
 CLIENT_NAME = "genfleet-api-fanout"
 CONFIRM_TIMEOUT_S = 5.0
@@ -69,8 +71,7 @@ class LiveFanout:
 
     async def stop(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await cancel_and_wait([self._reader])
         await self.pubsub.aclose()
         await self.redis.aclose()
 

@@ -11,6 +11,7 @@ from producer_api.services.fanout import SlowReader
 from producer_api.services.fleet import Fleet
 from queue_schemas import TokenEvent
 from queue_schemas.redis_records import JobEvent
+from queue_schemas.tasks import cancel_and_wait
 
 _END = object()
 
@@ -78,9 +79,7 @@ async def merged_events(
             else:
                 yield position, item  # type: ignore[misc]
     finally:
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await cancel_and_wait(pumps)
 
 
 def event_stream(

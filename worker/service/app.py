@@ -39,6 +39,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from queue_schemas import Names
 from queue_schemas.announcements import ANNOUNCE_EVERY_S, WorkerAnnouncement
 from queue_schemas.logs import configure_logging
+from queue_schemas.tasks import cancel_and_wait
 from worker.service.cancellations import Cancellations
 from worker.service.commits import Committer
 from worker.service.engine_client import EngineClient, EngineFailed
@@ -250,9 +251,7 @@ class WorkerService:
             log.info("worker %s stopping: committing and leaving the group", settings.worker_id)
             with contextlib.suppress(TimeoutError):  # claimed results go out first
                 await asyncio.wait_for(pump.all_sent(), RELEASE_WAIT_S)
-            for task in tasks:
-                task.cancel()
-            await _ended(tasks)
+            await _stop_tasks(tasks)
             await intake.background.cancel()
             await partitions.commit()
             with contextlib.suppress(Exception):  # else it drops out after the TTL
@@ -324,11 +323,11 @@ class WorkerService:
             await partitions.observe()
 
 
-async def _ended(tasks: list[asyncio.Task]) -> None:
-    """Wait for cancelled tasks to end; one that does not (a client library that holds
-    a cancellation) is named, with where it waits, and left behind: the worker exits."""
-    _, stuck = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
-    for task in stuck:
+async def _stop_tasks(tasks: list[asyncio.Task]) -> None:
+    """Cancel the tasks and wait for them to end; one that does not (a client library
+    that holds a cancellation) is named, with where it waits, and left behind: the
+    worker exits."""
+    for task in await cancel_and_wait(tasks, STOP_TIMEOUT_S):
         where = StringIO()
         task.print_stack(file=where)
         log.warning("a task did not end within %.0f s: %s", STOP_TIMEOUT_S, where.getvalue())

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from queue_schemas.tasks import cancel_and_wait
 from worker.service.flights import Record
 
 log = logging.getLogger("genfleet.worker")
@@ -31,7 +32,4 @@ class Background:
         task.add_done_callback(self._tasks.discard)
 
     async def cancel(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
