@@ -5,10 +5,12 @@ Few rows (decoding): the library's integer dot products over the blocks, which
 read each weight once in its 4.5 to 8.5 bits. Weights are re-laid out once
 (``PackedWeight``: the same bytes in groups of 8 rows) for the kernel that
 advances 8 rows per instruction. Many rows (a prefill chunk): the
-matmul is compute-bound, so the weight is de-quantized a tile of output rows at
-a time and multiplied by torch's float matmul.
+matmul is compute-bound, so the weight can be de-quantized a tile of output rows
+at a time and multiplied by torch's float matmul. For re-laid-out weights the
+caller says from how many rows (the load times it: ``worker/models/linear.py``).
 """
 
+import copy
 import ctypes
 from collections.abc import Callable
 from functools import cache
@@ -34,14 +36,9 @@ PACKED_TYPES = (
     GGMLQuantizationType.Q8_0,
 )
 GROUP_ROWS = 8  # output rows per packed group
-# Rows from which de-quantize-then-matmul beats the integer dot products
-# (docs/benchmarks.md, "Quantized weights"): for the row-by-row kernel; for the
-# 8-row groups with bf16 activations, and with fp32 ones only on a CPU without VNNI
-# (with it an fp32 matmul never catches up; on AVX2 alone the integer kernel took
-# 1.04x the matmul's time at 384 rows and 1.10-1.19x from 768, 2026-12-06).
+# Rows from which de-quantize-then-matmul beats the row-by-row kernel (blocks as
+# stored: the K-quants, which keep no other form; docs/benchmarks.md, "Quantized weights").
 MATMUL_ROWS = 32
-PACKED_MATMUL_ROWS = {torch.bfloat16: 192}
-PACKED_FP32_MATMUL_ROWS_WITHOUT_VNNI = 384
 # Weights de-quantized at once on the matmul path: 4 MiB of fp32, about a core's L2.
 TILE_ELEMENTS = 1 << 20
 
@@ -70,6 +67,13 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+    def head(self, rows: int) -> "PackedWeight":
+        """The first ``rows`` output rows (whole groups), sharing these bytes."""
+        head = copy.copy(self)
+        head.out_features = min(self.out_features, -(-rows // GROUP_ROWS) * GROUP_ROWS)
+        head.data = self.data[: head.out_features // GROUP_ROWS * self.group_bytes]
+        return head
 
     def dequantize_rows(self, first: int, last: int, out: torch.Tensor) -> torch.Tensor:
         """Rows [first, last) in ``out``'s dtype (``first`` a multiple of 8)."""
@@ -101,21 +105,6 @@ def dequantize(
         weight.in_features, out.data_ptr(),
     )  # fmt: skip
     return out.view(weight.out_features, weight.in_features)
-
-
-@cache
-def has_vnni() -> bool:
-    """Whether the library multiplies bytes with VNNI (else AVX2's two steps, or none)."""
-    function = load_library().quantized_has_vnni
-    function.argtypes, function.restype = [], _T
-    return bool(function())
-
-
-def _packed_matmul_rows(dtype: torch.dtype) -> int:
-    """Rows of x from which ``packed_linear`` de-quantizes and multiplies."""
-    if dtype == torch.float32 and not has_vnni():
-        return PACKED_FP32_MATMUL_ROWS_WITHOUT_VNNI
-    return PACKED_MATMUL_ROWS.get(dtype, 1 << 62)
 
 
 @cache
@@ -187,14 +176,20 @@ def quantized_linear(
     return out.view(*leading, n)
 
 
-def packed_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """``quantized_linear`` over a re-laid-out weight; x float32 or bfloat16."""
+def packed_linear(
+    x: torch.Tensor,
+    weight: PackedWeight,
+    bias: torch.Tensor | None,
+    matmul_from_rows: int | None = None,
+) -> torch.Tensor:
+    """``quantized_linear`` over a re-laid-out weight; x float32 or bfloat16. From
+    ``matmul_from_rows`` rows of x (never when None) de-quantized tiles and a matmul."""
     leading = x.shape[:-1]
     x = x.reshape(-1, weight.in_features)
     n, k = weight.out_features, weight.in_features
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
-    if x.shape[0] >= _packed_matmul_rows(x.dtype):
+    if matmul_from_rows is not None and x.shape[0] >= matmul_from_rows:
         out = _tiled_matmul(x, bias, n, k, weight.dequantize_rows)
     else:
         out = _linear_rows(x, bias, n, k, _packed_linear, weight.ggml_type, weight.data)

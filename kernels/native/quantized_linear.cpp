@@ -515,16 +515,6 @@ void dequantize_any(int32_t type, const uint8_t* weight, int64_t n, int64_t k, T
 
 }  // namespace
 
-// 1 where this build multiplies bytes with one instruction per 4 products (VNNI's
-// dpbusd), 0 where it takes two and a widening (AVX2's maddubs and madd, or none).
-extern "C" int32_t quantized_has_vnni() {
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-  return 1;
-#else
-  return 0;
-#endif
-}
-
 // Bytes of one block of 32 weights of a GGML type; 0 for a type this library does not take.
 extern "C" int64_t quantized_block_bytes(int32_t type) {
   if (type == kQ4_0) return kBlockBytes<kQ4_0>;

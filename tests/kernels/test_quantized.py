@@ -73,37 +73,41 @@ def test_many_rows_take_the_matmul_path_at_fp32_precision() -> None:
 
 
 @native_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_weights_take_the_matmul_path_where_it_is_faster(dtype) -> None:
-    from kernels.native import quantized as native
-
-    weight = quantized(GGMLQuantizationType.Q4_0, 70, 96)
-    packed = native.PackedWeight(weight)
-    x = torch.randn(native.PACKED_MATMUL_ROWS[torch.bfloat16] + 5, 96).to(dtype)
-    actual = native.packed_linear(x, packed, None)
-    expected = reference.quantized_linear(x.float(), weight, None)
-    if dtype == torch.bfloat16:  # the matmul path: bf16 matmul precision
-        torch.testing.assert_close(actual.float(), expected, atol=0.1, rtol=2e-2)
-    else:  # the integer kernel: within its bound
-        assert ((actual - expected).abs() <= activation_bound(x, weight) + 1e-3).all()
-
-
-@native_only
-def test_fp32_takes_the_matmul_path_from_its_rows_only_without_vnni() -> None:
-    """Without VNNI an fp32 matmul overtakes the integer kernel on a prefill's rows."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_packed_weights_take_the_matmul_from_the_rows_they_are_told(dtype) -> None:
+    """Below ``matmul_from_rows`` the integer kernel (8-bit activations, within its
+    bound); from it, the de-quantized weight times x at the dtype's matmul precision."""
     from kernels.native import quantized as native
 
     weight = quantized(GGMLQuantizationType.Q4_1, 70, 96)
     packed = native.PackedWeight(weight)
-    dense = reference.dequantize(weight, torch.float32)
-    rows = native.PACKED_FP32_MATMUL_ROWS_WITHOUT_VNNI
-    for count in (rows - 1, rows):
-        x = torch.randn(count, 96)
-        actual = native.packed_linear(x, packed, None)
-        # The integer kernel rounds x to 8 bits a block: far outside a matmul's tolerance.
-        took_matmul = torch.allclose(actual, x @ dense.T, atol=1e-4, rtol=1e-5)
-        assert took_matmul == (count >= rows and not native.has_vnni()), count
-        assert ((actual - x @ dense.T).abs() <= activation_bound(x, weight) + 1e-3).all()
+    dense = reference.dequantize(weight, dtype).float()
+    tolerance = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
+    torch.manual_seed(0)
+    for count in (15, 16, 40):
+        x = torch.randn(count, 96).to(dtype)
+        exact = x.float() @ dense.T
+        for matmul_from in (None, 16):
+            actual = native.packed_linear(x, packed, None, matmul_from).float()
+            took_matmul = torch.allclose(actual, exact, atol=tolerance, rtol=tolerance)
+            # The integer kernel rounds x to 8 bits a block: far outside that tolerance.
+            assert took_matmul == (matmul_from is not None and count >= matmul_from)
+            slack = exact.abs() / 128 if dtype == torch.bfloat16 else 1e-3
+            assert ((actual - exact).abs() <= activation_bound(x, weight) + slack).all()
+
+
+@native_only
+def test_a_head_of_packed_weights_is_their_first_rows() -> None:
+    from kernels.native import quantized as native
+
+    weight = quantized(GGMLQuantizationType.Q8_0, 40, 64)
+    packed = native.PackedWeight(weight)
+    x = torch.randn(3, 64)
+    for rows, kept in ((16, 16), (13, 16), (100, 40)):  # whole groups, at most all
+        head = packed.head(rows)
+        assert head.out_features == kept and head.data.data_ptr() == packed.data.data_ptr()
+        whole = native.packed_linear(x, packed, None)
+        assert torch.equal(native.packed_linear(x, head, None), whole[:, :kept])
 
 
 @native_only

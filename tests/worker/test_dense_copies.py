@@ -1,6 +1,7 @@
-"""De-quantized copies of block layers (``dense_weights_memory_gib``): kept within the
-budget and counted in the weights' bytes, taken only from the rows the load timed them
-faster at, and as exact as the de-quantized weight in the activation dtype."""
+"""How block layers run many rows: de-quantized tiles per step, and de-quantized copies
+(``dense_weights_memory_gib``) kept within the budget and counted in the weights'
+bytes; each taken only from the rows the load timed it faster at, and as exact as the
+de-quantized weight in the activation dtype."""
 
 import time
 
@@ -14,7 +15,7 @@ from tests.worker.gguf_files import write_gguf
 from worker import LLM
 from worker.models import linear
 from worker.models.footprint import weight_footprint
-from worker.models.linear import NEVER, Linear, first_dense_rows
+from worker.models.linear import NEVER, Linear, first_faster_rows
 from worker.models.loader import load_model
 
 native_only = pytest.mark.skipif(
@@ -33,13 +34,13 @@ MiB = 1 << 20
         (set(), NEVER),
     ],
 )
-def test_dense_copies_serve_from_the_rows_where_they_stay_faster(
+def test_a_form_serves_from_the_rows_where_it_stays_faster(
     dense_faster_at: set[int], expected: int
 ) -> None:
     times = {
         rows: (1.0, 0.5 if rows in dense_faster_at else 2.0) for rows in linear.CALIBRATION_ROWS
     }
-    assert first_dense_rows(times) == expected
+    assert first_faster_rows(times) == expected
 
 
 def test_the_timing_finds_the_rows_where_the_copy_gets_ahead() -> None:
@@ -68,8 +69,12 @@ def _projections(model: torch.nn.Module) -> list[Linear]:
     return [m for m in model.model.layers.modules() if isinstance(m, Linear)]
 
 
-def _load(path: str, dtype: torch.dtype, budget: int, monkeypatch, from_rows: int = 16):
+def _load(
+    path: str, dtype: torch.dtype, budget: int, monkeypatch, from_rows: int = 16,
+    tiles_from: int = NEVER,
+):  # fmt: skip
     monkeypatch.setattr(linear, "dense_from_rows", lambda *_: from_rows)
+    monkeypatch.setattr(linear, "tiles_from_rows", lambda *_: tiles_from)
     return load_model(path, dtype, torch.device("cpu"), 512, dense_weights_bytes=budget)
 
 
@@ -173,3 +178,64 @@ def test_the_tied_output_layer_is_timed_on_its_own_over_the_embeddings_blocks(
     torch.testing.assert_close(model.compute_logits(many), exact, rtol=3e-2, atol=3e-2)
     assert torch.equal(model.compute_logits(few), output.packed(few, None).float())
     assert not torch.equal(model.compute_logits(many), output.packed(many, None).float())
+
+
+@native_only
+def test_tiles_are_timed_once_on_the_largest_layer_and_set_on_all(gguf_path, monkeypatch) -> None:
+    timed: list[tuple[int, int]] = []
+
+    def tiles_from_rows(blocks, x_row: torch.Tensor) -> int:
+        timed.append((blocks.out_features, blocks.in_features))
+        return 32 if len(timed) == 1 else 128  # the projections, then the output layer
+
+    monkeypatch.setattr(linear, "tiles_from_rows", tiles_from_rows)
+    model = load_model(gguf_path, torch.float32, torch.device("cpu"), 512)
+    projections = _projections(model)
+    largest = max(projections, key=lambda layer: layer.out_features * layer.in_features)
+    output = model.output_layer()
+    assert output is not None
+    assert timed == [
+        (largest.out_features, largest.in_features),
+        (output.out_features, output.in_features),
+    ]
+    assert all(layer.tiles_from == 32 for layer in projections) and output.tiles_from == 128
+
+
+@native_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_from_the_tiles_threshold_are_the_dequantized_weight(
+    gguf_path, monkeypatch, dtype
+) -> None:
+    """Without a copy, from ``tiles_from`` rows the layer multiplies the de-quantized
+    blocks (the copy's numbers); below it, the integer kernel."""
+    layer = _projections(_load(gguf_path, dtype, 0, monkeypatch, tiles_from=16))[-1]
+    copied = _projections(_load(gguf_path, dtype, 64 * MiB, monkeypatch, from_rows=16))[-1]
+    integer = _projections(_load(gguf_path, dtype, 0, monkeypatch))[-1]
+    assert layer.dense is None and layer.tiles_from == 16 and copied.dense is not None
+    torch.manual_seed(0)
+    many, few = torch.randn(16, layer.in_features), torch.randn(15, layer.in_features)
+    tolerance = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]  # the product's rounding
+    many, few = many.to(dtype), few.to(dtype)
+    torch.testing.assert_close(
+        layer(many).float(), copied(many).float(), rtol=tolerance, atol=tolerance
+    )
+    assert not torch.equal(layer(many), integer(many))
+    assert torch.equal(layer(few), integer(few))
+
+
+def test_the_tiles_timing_finds_the_rows_where_the_matmul_gets_ahead(monkeypatch) -> None:
+    """A stand-in kernel whose time is known: the integer path 0.02 ms a row, the
+    tiles 4 ms a call, so the tiles are ahead from 256 rows of the ladder on."""
+    from kernels.native import quantized as native
+
+    def packed_linear(x, blocks, bias, matmul_from_rows=None) -> torch.Tensor:
+        tiles = matmul_from_rows is not None and x.shape[0] >= matmul_from_rows
+        time.sleep(4e-3 if tiles else x.shape[0] * 2e-5)
+        return x
+
+    class Blocks:
+        def head(self, rows: int) -> "Blocks":
+            return self
+
+    monkeypatch.setattr(native, "packed_linear", packed_linear)
+    assert linear.tiles_from_rows(Blocks(), torch.ones(1, 4)) == 256

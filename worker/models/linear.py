@@ -10,7 +10,11 @@ where neither applies, the layer is a plain ``nn.Linear``. A layer loaded from
 GGUF blocks (``use_quantized``) holds only those and runs ``quantized_linear``;
 on CPU hosts its blocks are re-laid out for the native kernel that advances 8
 rows at once (2.4x the blocks as stored, at one row), and the stored form is
-dropped.
+dropped. Its steps of many rows (a prefill chunk) can instead de-quantize the
+blocks a tile at a time and multiply floats; where that begins is timed once
+per model (``tiles_from_rows``): in bf16 from about 192 rows on an AMX core, from
+512-1,024 on an AVX512-BF16 one without AMX; in fp32 from about 384 on AVX2 alone,
+never with VNNI.
 
 Such a layer can also hold a de-quantized copy of its weight in the activation
 dtype (``keep_dense``), re-laid out as a float weight is: where this host
@@ -19,6 +23,7 @@ rows (a prefill chunk, a large decode batch) take it and skip de-quantizing
 tiles per step. Where that begins is timed once per model (``dense_from_rows``):
 it differs by CPU (dense from 8 rows on an AVX512-BF16 core without AMX; on an
 AMX one the blocks beat the bf16 kernel at 64 rows; never in fp32 with VNNI).
+Both timings take the same rule (``first_faster_rows``).
 """
 
 import time
@@ -46,6 +51,14 @@ PackedLinear = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 # which flatters the dense form at few rows (a decode step streams it from memory,
 # four times the blocks' bytes in bf16), so the ladder starts at 8 rows.
 CALIBRATION_ROWS = (8, 16, 32, 64, 128, 256)
+# Rows at which the blocks' integer kernel and de-quantized tiles are timed: up to a
+# prefill chunk's, since where a matmul overtakes the kernel differs by CPU and dtype
+# (fp32 on AVX2 alone: level at 384 and 512 rows, 1.10-1.19x ahead from 768;
+# docs/benchmarks.md, "Quantized weights").
+TILE_CALIBRATION_ROWS = (16, 32, 64, 128, 256, 512, 1024)
+# Output rows of the weight the tiles are timed on: both forms' time grows with them
+# alike, and a vocabulary's 49,152 would add seconds to every load.
+TILE_CALIBRATION_OUT_FEATURES = 2048
 NEVER = 1 << 62
 
 
@@ -79,12 +92,6 @@ def pack_quantized(weight: QuantizedWeight) -> "PackedWeight | None":
     return PackedWeight(weight) if weight.ggml_type in PACKED_TYPES else None
 
 
-def packed_layer(packed: "PackedWeight") -> PackedLinear:
-    from kernels.native.quantized import packed_linear
-
-    return lambda x, bias: packed_linear(x, packed, bias)
-
-
 def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
     """The fastest re-laid-out form of ``weight`` for this host, or None (use ``F.linear``)."""
     if weight.device.type != "cpu":
@@ -96,32 +103,58 @@ def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
     return _onednn(weight)
 
 
-def first_dense_rows(times: Mapping[int, tuple[float, float]]) -> int:
-    """From rows -> (blocks' time, dense time): the fewest rows from which the dense
+def first_faster_rows(times: Mapping[int, tuple[float, float]]) -> int:
+    """From rows -> (one form's time, another's): the fewest rows from which the other
     form was faster at every larger count too; ``NEVER`` if not at the largest."""
     first = NEVER
     for rows in sorted(times, reverse=True):
-        blocks, dense = times[rows]
-        if dense >= blocks:
+        one, other = times[rows]
+        if other >= one:
             break
         first = rows
     return first
 
 
-def dense_from_rows(blocks: PackedLinear, dense: PackedLinear, x_row: torch.Tensor) -> int:
-    """The rows from which ``dense`` beats ``blocks`` on this host (``first_dense_rows``
-    over ``CALIBRATION_ROWS``, each form's best of three, taken in turn)."""
-    times = {}
-    for rows in CALIBRATION_ROWS:
+def faster_from_rows(
+    one: PackedLinear, other: PackedLinear, x_row: torch.Tensor, ladder: tuple[int, ...]
+) -> int:
+    """The rows from which ``other`` beats ``one`` on this host (``first_faster_rows``
+    over ``ladder``, each form's best of three, taken in turn); timed from the most
+    rows down, and no further than where ``other`` stops being faster."""
+    times: dict[int, tuple[float, float]] = {}
+    for rows in sorted(ladder, reverse=True):
         x = x_row.expand(rows, -1).contiguous()
         best = [float("inf"), float("inf")]
         for _ in range(3):
-            for form, layer in enumerate((blocks, dense)):
+            for form, layer in enumerate((one, other)):
                 began = time.perf_counter()
                 layer(x, None)
                 best[form] = min(best[form], time.perf_counter() - began)
         times[rows] = (best[0], best[1])
-    return first_dense_rows(times)
+        if best[1] >= best[0]:
+            break
+    return first_faster_rows(times)
+
+
+def dense_from_rows(blocks: PackedLinear, dense: PackedLinear, x_row: torch.Tensor) -> int:
+    """The rows from which a de-quantized copy beats the blocks (as they run many rows)."""
+    return faster_from_rows(blocks, dense, x_row, CALIBRATION_ROWS)
+
+
+def tiles_from_rows(blocks: "PackedWeight", x_row: torch.Tensor) -> int:
+    """The rows from which de-quantizing ``blocks`` a tile at a time per step beats
+    their integer kernel (timed on their first rows)."""
+    from kernels.native.quantized import packed_linear
+
+    blocks = blocks.head(TILE_CALIBRATION_OUT_FEATURES)
+
+    def integer(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return packed_linear(x, blocks, bias)
+
+    def tiles(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return packed_linear(x, blocks, bias, matmul_from_rows=0)
+
+    return faster_from_rows(integer, tiles, x_row, TILE_CALIBRATION_ROWS)
 
 
 class Linear(nn.Linear):
@@ -132,6 +165,8 @@ class Linear(nn.Linear):
     dense: PackedLinear | None = None
     dense_from: int = NEVER
     dense_nbytes = 0
+    # Rows from which a step without the copy de-quantizes the blocks tile by tile.
+    tiles_from: int = NEVER
     # How the weight is held when not as a parameter: GGML format name and bytes.
     stored_as: tuple[str, int] | None = None
 
@@ -147,8 +182,14 @@ class Linear(nn.Linear):
             return
         packed = pack_quantized(self.quantized)
         if packed is not None:
-            self.blocks, self.packed = packed, packed_layer(packed)
+            self.blocks, self.packed = packed, self._blocks_linear
             self.quantized = None  # the packed copy holds the same bytes
+
+    def _blocks_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from kernels.native.quantized import packed_linear
+
+        assert self.blocks is not None
+        return packed_linear(x, self.blocks, bias, self.tiles_from)
 
     def dense_bytes(self, dtype: torch.dtype) -> int:
         """What ``keep_dense`` would take; 0 for a layer without re-laid-out blocks."""
@@ -175,6 +216,19 @@ class Linear(nn.Linear):
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return self.packed(x, self.bias)
+
+
+def time_tiles(linears: list[Linear], dtype: torch.dtype) -> int:
+    """Set the block layers' ``tiles_from`` as timed on the largest of them; the rows."""
+    block_layers = [layer for layer in linears if layer.blocks is not None]
+    if not block_layers:
+        return NEVER
+    largest = max(block_layers, key=lambda layer: layer.out_features * layer.in_features)
+    assert largest.blocks is not None
+    rows = tiles_from_rows(largest.blocks, torch.ones(1, largest.in_features, dtype=dtype))
+    for layer in block_layers:
+        layer.tiles_from = rows
+    return rows
 
 
 @dataclass(frozen=True)
@@ -213,3 +267,21 @@ def keep_dense_copies(linears: list[Linear], dtype: torch.dtype, budget: int) ->
             layer.keep_dense(dtype)
         layer.dense_from = rows
     return DenseCopies(len(chosen), sum(layer.dense_nbytes for layer in chosen), rows)
+
+
+@dataclass(frozen=True)
+class BlockForms:
+    """How a part's block layers run many rows: de-quantized tiles from ``tiles_from``
+    rows, and the copies kept (taken first, where both apply)."""
+
+    block_layers: int
+    tiles_from: int
+    copies: DenseCopies
+
+
+def choose_block_forms(linears: list[Linear], dtype: torch.dtype, budget: int) -> BlockForms:
+    """Time tiles, then keep copies within ``budget`` bytes, timed against the blocks
+    as they then run."""
+    tiles_from = time_tiles(linears, dtype)
+    copies = keep_dense_copies(linears, dtype, budget)
+    return BlockForms(sum(layer.blocks is not None for layer in linears), tiles_from, copies)

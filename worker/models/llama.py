@@ -21,7 +21,7 @@ from kernels import (
 )
 from kernels.quantized_weight import QuantizedWeight
 from worker.models.attention_metadata import AttentionMetadata
-from worker.models.linear import DenseCopies, Linear, keep_dense_copies
+from worker.models.linear import BlockForms, Linear, choose_block_forms
 from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
 
@@ -261,11 +261,12 @@ class LlamaForCausalLM(nn.Module):
     def output_layer(self) -> Linear | None:
         return self.tied_output if self.tie_word_embeddings else self.lm_head
 
-    def pack_weights(self, dense_bytes: int = 0) -> dict[str, DenseCopies]:
+    def pack_weights(self, dense_bytes: int = 0) -> dict[str, BlockForms]:
         """Re-lay out every projection for the CPU matmul library (no-op elsewhere),
-        and keep de-quantized copies of block layers within ``dense_bytes``: of the
-        projections, then of the output layer, timed on its own (it sees only a
-        step's sampled rows, and its shape is unlike theirs)."""
+        time where block layers de-quantize tiles, and keep de-quantized copies of
+        them within ``dense_bytes``: of the projections, then of the output layer,
+        timed on its own (it sees only a step's sampled rows, and its shape is unlike
+        theirs)."""
         if self.tie_word_embeddings:
             self.tied_output = self.model.embed_tokens.as_output_layer()
         linears = [module for module in self.modules() if isinstance(module, Linear)]
@@ -276,10 +277,10 @@ class LlamaForCausalLM(nn.Module):
         dtype = self.model.norm.weight.dtype
         output = self.output_layer()
         projections = [module for module in linears if module is not output]
-        copies = {"projections": keep_dense_copies(projections, dtype, dense_bytes)}
-        left = dense_bytes - copies["projections"].bytes
-        copies["output layer"] = keep_dense_copies([output] if output else [], dtype, left)
-        return copies
+        forms = {"projections": choose_block_forms(projections, dtype, dense_bytes)}
+        left = dense_bytes - forms["projections"].copies.bytes
+        forms["output layer"] = choose_block_forms([output] if output else [], dtype, left)
+        return forms
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin table; separate from __init__ since models are built on meta."""

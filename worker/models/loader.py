@@ -14,6 +14,7 @@ from worker.models.fused import FUSED_SHARDS
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
 from worker.models.int4 import SUFFIXES as INT4_SUFFIXES
 from worker.models.int4 import int4_scheme, use_int4
+from worker.models.linear import NEVER
 from worker.models.llama import LlamaForCausalLM
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
@@ -153,13 +154,17 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint in {str(path)!r} lacks weights: {missing[:5]}")
     model.init_rope_cache(max_positions, device)
-    for part, dense in model.pack_weights(dense_weights_bytes).items():
-        if dense.layers:
+    for part, forms in model.pack_weights(dense_weights_bytes).items():
+        if forms.block_layers:
+            tiles = "never" if forms.tiles_from == NEVER else f"from {forms.tiles_from} rows"
+            log.info("%s: blocks de-quantized a tile at a time per step %s", part, tiles)
+        if forms.copies.layers:
             log.info(
-                "%s (%d layers) also de-quantized (%.1f MiB), for steps from %d rows",
+                "%s: %d of %d layers also de-quantized (%.1f MiB), for steps from %d rows",
                 part,
-                dense.layers,
-                dense.bytes / 2**20,
-                dense.from_rows,
+                forms.copies.layers,
+                forms.block_layers,
+                forms.copies.bytes / 2**20,
+                forms.copies.from_rows,
             )
     return model.eval()
