@@ -7,8 +7,8 @@
 The requests are ``genfleet bench``'s burst (20 chat-templated prompts of 100-300
 tokens given as token ids, 20-200 output tokens each, greedy, ``ignore_eos``), built
 from this checkout's ``genfleet.bench.workloads`` (the script puts the checkout on the
-path, so vLLM's environment needs nothing of genfleet installed) with the tokenizer of
-``--tokenizer`` (default: the model's folder). Each engine runs with its own defaults
+path, so vLLM's environment needs nothing of genfleet installed) with the engine's
+own tokenizer (the model's). Each engine runs with its own defaults
 but the dtype; one warm-up call first. Prints the requests' digest (the same in both
 environments, or the comparison is void) and the output tokens per second.
 """
