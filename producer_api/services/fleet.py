@@ -1,6 +1,7 @@
 """The API process's connections and the one way every route submits jobs."""
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Coroutine
@@ -23,6 +24,7 @@ from producer_api.stores.jobs import JobStore
 from queue_schemas import JobRequest
 
 CLIENT_NAME = "genfleet-api"
+log = logging.getLogger("genfleet.api")
 
 
 def new_id(prefix: str) -> str:
@@ -68,7 +70,14 @@ class Fleet:
         """Run work that must outlive the request that started it (a cancel on hang-up)."""
         task = asyncio.create_task(work)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        # Said here, with its reason, rather than as asyncio's "exception was never
+        # retrieved" whenever the task is collected (a cancel while Redis is away).
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("background work failed: %r", error, exc_info=error)
 
     async def stop(self) -> None:
         await asyncio.gather(*self._background, return_exceptions=True)
