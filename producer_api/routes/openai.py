@@ -122,16 +122,16 @@ async def _respond(
 async def list_models(fleet: FleetDep, _: TenantDep) -> dict[str, Any]:
     """The fleet's default model and every model a live worker serves, with its context
     length where a live worker announces it (vLLM's ``max_model_len``)."""
-    lengths = await fleet.models.context_lengths()
-    models = [_model_card(model, lengths) for model in await fleet.models.served_models()]
-    return {"object": "list", "data": models}
+    served = await fleet.models.served_models()
+    lengths = await fleet.models.context_lengths(served)
+    return {"object": "list", "data": [_model_card(model, lengths) for model in served]}
 
 
 @router.get("/models/{model:path}")
 async def retrieve_model(model: str, fleet: FleetDep, _: TenantDep) -> dict[str, Any]:
     """One served model, or 404 ``model_not_found``."""
     served = await fleet.models.resolve(model)
-    return _model_card(served, await fleet.models.context_lengths())
+    return _model_card(served, await fleet.models.context_lengths([served]))
 
 
 def _model_card(model: str, lengths: dict[str, int]) -> dict[str, Any]:

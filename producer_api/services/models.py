@@ -75,14 +75,19 @@ class ModelDirectory:
         """The default model first, then every other model a live worker serves."""
         return [self.default_model, *sorted(await self._named_models())]
 
-    async def context_lengths(self) -> dict[str, int]:
-        """Each served model's context (``max_model_len``) as its live workers announce it;
-        a model without a live worker is left out."""
-        lengths: dict[str, int] = {}
-        for worker in await self.live_workers():
-            model = self.default_model if worker.default_lanes else worker.model
-            lengths[model] = min(lengths.get(model, worker.max_model_len), worker.max_model_len)
-        return lengths
+    async def context_lengths(self, models: list[str]) -> dict[str, int]:
+        """Each of ``models``' context (``max_model_len``) as its live workers announce it;
+        a model without a live worker is left out. A miss is read again first: the
+        announcements read last may predate its worker's first (a fleet starting)."""
+        for max_age_s in (ANNOUNCE_EVERY_S, 0.0):
+            lengths: dict[str, int] = {}
+            for worker in await self.live_workers(max_age_s):
+                model = self.default_model if worker.default_lanes else worker.model
+                known = lengths.get(model, worker.max_model_len)
+                lengths[model] = min(known, worker.max_model_len)
+            if all(model in lengths for model in models):
+                break
+        return {model: lengths[model] for model in models if model in lengths}
 
     async def resolve(self, requested: str | None) -> str:
         """The served name of a request's model (None: the default), or a 404."""

@@ -36,7 +36,7 @@ def test_live_named_workers_are_served_and_dead_or_withdrawn_ones_are_not(servic
         assert await redis.zscore(names.live_workers_key, "w-old") is None
         directory = ModelDirectory(redis, names, "chat")
         assert await directory.served_models() == ["chat", "coder"]
-        assert await directory.context_lengths() == {"chat": 2048, "coder": 2048}
+        assert await directory.context_lengths(["chat", "coder"]) == {"chat": 2048, "coder": 2048}
         assert await directory.resolve("coder") == "coder"
         assert await directory.resolve(None) == "chat"
         assert directory.lanes("coder") == names.for_model("coder")
@@ -54,6 +54,29 @@ def test_live_named_workers_are_served_and_dead_or_withdrawn_ones_are_not(servic
         await pipe.execute()
         assert await late.resolve("late") == "late"
         assert await ModelDirectory(redis, names, "chat").served_models() == ["chat", "late"]
+        await redis.aclose()
+
+
+def test_a_context_length_missing_from_the_last_read_is_read_again(services, prefix) -> None:
+    """A fleet starting: the API read the announcements between its workers' first ones
+    (the named model's, not yet the default's). Listing both must not leave the
+    default without its ``max_model_len`` for the rest of that read's life."""
+    names = Names(prefix)
+
+    async def scenario() -> None:
+        redis = Redis.from_url(services[1].address)
+        directory = ModelDirectory(redis, names, "chat")
+        pipe = redis.pipeline()
+        announce(pipe, names, _announcement("w-coder", "coder", False, time.time()))
+        await pipe.execute()
+        assert await directory.served_models() == ["chat", "coder"]  # read: coder's alone
+        pipe = redis.pipeline()
+        announce(pipe, names, _announcement("w-default", "chat", True, time.time()))
+        await pipe.execute()
+        lengths = await directory.context_lengths(["chat", "coder"])
+        assert lengths == {"chat": 2048, "coder": 2048}
+        # A model no live worker serves stays without one (and costs one read more).
+        assert await directory.context_lengths(["chat", "absent"]) == {"chat": 2048}
         await redis.aclose()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
