@@ -56,6 +56,8 @@ def test_live_named_workers_are_served_and_dead_or_withdrawn_ones_are_not(servic
         assert await ModelDirectory(redis, names, "chat").served_models() == ["chat", "late"]
         await redis.aclose()
 
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
 
 def test_a_context_length_missing_from_the_last_read_is_read_again(services, prefix) -> None:
     """A fleet starting: the API read the announcements between its workers' first ones
