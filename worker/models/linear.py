@@ -182,14 +182,13 @@ class Linear(nn.Linear):
             return
         packed = pack_quantized(self.quantized)
         if packed is not None:
-            self.blocks, self.packed = packed, self._blocks_linear
+            from kernels.native.quantized import packed_linear
+
+            # Imported once here, not per step; ``tiles_from`` is read at each call
+            # (timed after packing).
+            self.blocks = packed
+            self.packed = lambda x, bias: packed_linear(x, packed, bias, self.tiles_from)
             self.quantized = None  # the packed copy holds the same bytes
-
-    def _blocks_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from kernels.native.quantized import packed_linear
-
-        assert self.blocks is not None
-        return packed_linear(x, self.blocks, bias, self.tiles_from)
 
     def dense_bytes(self, dtype: torch.dtype) -> int:
         """What ``keep_dense`` would take; 0 for a layer without re-laid-out blocks."""
@@ -218,9 +217,8 @@ class Linear(nn.Linear):
         return self.packed(x, self.bias)
 
 
-def time_tiles(linears: list[Linear], dtype: torch.dtype) -> int:
+def time_tiles(block_layers: list[Linear], dtype: torch.dtype) -> int:
     """Set the block layers' ``tiles_from`` as timed on the largest of them; the rows."""
-    block_layers = [layer for layer in linears if layer.blocks is not None]
     if not block_layers:
         return NEVER
     largest = max(block_layers, key=lambda layer: layer.out_features * layer.in_features)
@@ -282,6 +280,7 @@ class BlockForms:
 def choose_block_forms(linears: list[Linear], dtype: torch.dtype, budget: int) -> BlockForms:
     """Time tiles, then keep copies within ``budget`` bytes, timed against the blocks
     as they then run."""
-    tiles_from = time_tiles(linears, dtype)
-    copies = keep_dense_copies(linears, dtype, budget)
-    return BlockForms(sum(layer.blocks is not None for layer in linears), tiles_from, copies)
+    block_layers = [layer for layer in linears if layer.blocks is not None]
+    tiles_from = time_tiles(block_layers, dtype)
+    copies = keep_dense_copies(block_layers, dtype, budget)
+    return BlockForms(len(block_layers), tiles_from, copies)
