@@ -34,7 +34,7 @@ from genfleet.processes import FleetProcess
 from genfleet.settings_flags import add_settings_arguments, as_flags, given_settings
 from queue_schemas.bounds import MAX_SERVED_MODEL_CHARS, ServedModelName
 from worker.config import EngineConfig
-from worker.service.engine_threads import threads_per_worker
+from worker.engine_process.threads import threads_per_worker
 
 READY_TIMEOUT_S = 300.0
 API_STOP_S = 10.0

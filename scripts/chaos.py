@@ -33,7 +33,7 @@ from pathlib import Path
 from genfleet.chaos import scenarios
 from genfleet.chaos.target import Faults, Target, Verdict
 from genfleet.local_fleet import local_fleet
-from worker.service.engine_threads import threads_per_worker
+from worker.engine_process.threads import threads_per_worker
 
 SCENARIOS = {scenario.__name__: scenario for scenario in scenarios.ALL}
 

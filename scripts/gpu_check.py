@@ -59,9 +59,9 @@ TESTS = [
     "tests/kernels/test_quantized.py::test_triton_kernel_matches_the_reference",
     "tests/kernels/test_fp8_cache.py",
     "tests/kernels/test_reference.py",
-    "tests/worker/test_cuda_graphs.py",
-    "tests/worker/test_step_buffers.py",
-    "tests/worker/test_parity.py::test_tiny_model_greedy_parity",
+    "tests/worker/execution/test_cuda_graphs.py",
+    "tests/worker/execution/test_step_buffers.py",
+    "tests/worker/models/test_parity.py::test_tiny_model_greedy_parity",
 ]
 STEP_BATCHES = (1, 8, 32, 64)
 # Each engine of the check takes this share of the GPU: one at a time, with room left.
@@ -176,7 +176,7 @@ def bench(folder: Path) -> str:
     from genfleet.bench.hf_baseline import load_hf_model, run_hf
     from genfleet.bench.run import poisson_rate, verdict, warm
     from genfleet.bench.workloads import make_workload
-    from worker.engine import load_tokenizer
+    from worker.engine.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     if tokenizer is None:
@@ -383,7 +383,7 @@ def tensor_parallel(root: Path) -> str:
         llm.generate([{"prompt_token_ids": p} for p in work], long)
         speed = 32 * 128 / (time.perf_counter() - began)
         rows.append(f"| {size} | {equal}/{len(prompts)} | {speed:.0f} |")
-        llm.engine.shutdown()
+        llm.close()
         del llm
         _free()
     return "\n".join(rows)

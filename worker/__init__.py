@@ -11,7 +11,7 @@ _EXPORTS = {
     "LLM": "worker.llm",
     "CompletionOutput": "worker.outputs",
     "EngineConfig": "worker.config",
-    "LLMEngine": "worker.engine",
+    "LLMEngine": "worker.engine.llm_engine",
     "RequestDelta": "worker.outputs",
     "RequestOutput": "worker.outputs",
     "SamplingParams": "worker.sampling_params",
@@ -22,7 +22,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from queue_schemas.structured import StructuredOutputs
     from worker.config import EngineConfig
-    from worker.engine import LLMEngine
+    from worker.engine.llm_engine import LLMEngine
     from worker.llm import LLM
     from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
     from worker.sampling_params import SamplingParams

@@ -8,7 +8,8 @@ from transformers import PreTrainedTokenizerBase
 
 from queue_schemas.sampling import SamplingOptions
 from worker.config import EngineConfig
-from worker.engine import LLMEngine, Prompt
+from worker.engine.admission import Prompt
+from worker.engine.llm_engine import LLMEngine
 from worker.model_fetch import DEFAULT_MODEL
 from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
 from worker.sampling_params import SamplingParams
@@ -54,6 +55,16 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "float32", **kwargs: object):
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **kwargs))
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """End what the engine holds (tensor-parallel ranks, threads); see ``LLMEngine``."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase | None:
         return self.engine.tokenizer

@@ -15,7 +15,7 @@ import pytest
 from genfleet.chaos import scenarios
 from genfleet.local_fleet import LocalFleet, local_fleet
 from tests.integration.conftest import TINY_KV_FLAGS
-from worker.service.engine_threads import threads_per_worker
+from worker.engine_process.threads import threads_per_worker
 
 WORKER_FLAGS = ("--jobs-partitions", "4", "--result-confirm-grace-s", "5", *TINY_KV_FLAGS)
 

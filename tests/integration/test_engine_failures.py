@@ -27,16 +27,16 @@ import os
 
 trigger = os.environ.get("GENFLEET_TEST_STEP_FAILS_WHEN")
 if trigger:
-    import worker.engine
+    import worker.engine.llm_engine
 
-    step = worker.engine.LLMEngine.step
+    step = worker.engine.llm_engine.LLMEngine.step
 
     def failing_step(self):
         if os.path.exists(trigger):
             raise RuntimeError("injected step failure")
         return step(self)
 
-    worker.engine.LLMEngine.step = failing_step
+    worker.engine.llm_engine.LLMEngine.step = failing_step
 """
 
 

@@ -19,7 +19,7 @@ from tests.integration.kafka_helpers import (
     read_topic,
     results_by_id,
 )
-from worker.service.engine_threads import threads_per_worker
+from worker.engine_process.threads import threads_per_worker
 
 
 def test_a_killed_worker_loses_no_job(services, start_worker, prefix) -> None:

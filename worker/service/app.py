@@ -40,10 +40,10 @@ from queue_schemas import Names
 from queue_schemas.announcements import ANNOUNCE_EVERY_S, WorkerAnnouncement
 from queue_schemas.logs import configure_logging
 from queue_schemas.tasks import cancel_and_wait
+from worker.engine_process.client import EngineClient, EngineFailed
+from worker.engine_process.protocol import StepOutput
 from worker.service.cancellations import Cancellations
 from worker.service.commits import Committer
-from worker.service.engine_client import EngineClient, EngineFailed
-from worker.service.engine_protocol import StepOutput
 from worker.service.flights import Flights, InFlight
 from worker.service.health import HealthServer, ListenError, health_app
 from worker.service.intake import Intake

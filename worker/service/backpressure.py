@@ -14,7 +14,7 @@ resumes later, so batch jobs take what interactive ones leave.
 from dataclasses import dataclass
 
 from queue_schemas import Names
-from worker.service.engine_protocol import EngineLoad
+from worker.engine_process.protocol import EngineLoad
 from worker.service.settings import WorkerSettings
 
 

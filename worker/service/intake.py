@@ -27,12 +27,12 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from queue_schemas import DeadLetter, JobRequest, SamplingOptions
 from queue_schemas.messages import now
 from queue_schemas.redis_records import Delivery
+from worker.engine_process.client import EngineClient, EngineFailed
+from worker.engine_process.protocol import Accepted
 from worker.service.admission import Action, decide
 from worker.service.background import Background
 from worker.service.backpressure import lane_gates
 from worker.service.deadlines import has_passed, stop_at_deadline
-from worker.service.engine_client import EngineClient, EngineFailed
-from worker.service.engine_protocol import Accepted
 from worker.service.flights import Attempts, Flights, InFlight, JobKey, Record, key_of
 from worker.service.kafka_out import KafkaOut
 from worker.service.metrics import WorkerMetrics

@@ -12,8 +12,8 @@ redeliveries, results, steps) follow them.
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from queue_schemas import JobResult, JobStatus
+from worker.engine_process.protocol import EngineCounters, Ready, StepOutput
 from worker.outputs import RequestDelta
-from worker.service.engine_protocol import EngineCounters, Ready, StepOutput
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from queue_schemas import JobResult, JobStatus
-from worker.service.engine_protocol import EngineLoad, Output
+from worker.engine_process.protocol import EngineLoad, Output
 from worker.service.flights import Flights, InFlight, Record, key_of
 from worker.service.kafka_out import KafkaOut
 from worker.service.metrics import WorkerMetrics

@@ -14,7 +14,7 @@ from queue_schemas.bounds import MAX_RECORD_BYTES, ServedModelName
 from queue_schemas.fleet_settings import FleetSettings
 from queue_schemas.names import Names
 from worker.config import EngineConfig
-from worker.service.engine_threads import serving_engine_threads
+from worker.engine_process.threads import serving_engine_threads
 
 # A CPU worker's step, as vLLM's CPU server takes it: through `genfleet up` with one
 # client, the median TTFT of a 20-request burst was 1.35-1.39 s against 1.66-1.83 s
@@ -106,7 +106,7 @@ class WorkerSettings(FleetSettings, EngineConfig):
     def engine_config(self) -> EngineConfig:
         """The engine's knobs; the threads, and on a CPU the step budget, a serving engine
         takes unless they are set."""
-        from worker.device import resolve_device  # torch: in the engine process
+        from worker.execution.device import resolve_device  # torch: in the engine process
 
         config = EngineConfig(**self.engine_fields())
         device = resolve_device(config.device)

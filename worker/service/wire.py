@@ -10,7 +10,7 @@ from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
 from queue_schemas import Usage as WireUsage
 from queue_schemas.messages import now
 from queue_schemas.versioning import MODEL_DEFAULTS_VERSION, SCHEMA_VERSION
-from worker.service.engine_protocol import Output
+from worker.engine_process.protocol import Output
 from worker.service.flights import InFlight, Record
 from worker.service.records import REFUSED, Rejected, reason_for
 

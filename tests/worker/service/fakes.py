@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from queue_schemas import DeadLetter, JobRequest, JobResult, SamplingOptions
 from queue_schemas.redis_records import Delivery
-from worker.service.engine_protocol import Accepted, EngineLoad
+from worker.engine_process.protocol import Accepted, EngineLoad
 from worker.service.metrics import WorkerMetrics
 from worker.service.publisher import redis_outage
 from worker.service.retry import Dependency

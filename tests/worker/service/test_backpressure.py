@@ -3,8 +3,8 @@
 import pytest
 
 from queue_schemas import Names
+from worker.engine_process.protocol import EngineLoad
 from worker.service.backpressure import Backpressure, lane_gates
-from worker.service.engine_protocol import EngineLoad
 from worker.service.settings import WorkerSettings
 
 

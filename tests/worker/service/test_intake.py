@@ -18,8 +18,8 @@ from tests.worker.service.fakes import (
     metrics,
     record,
 )
+from worker.engine_process.protocol import Output
 from worker.outputs import RequestDelta, Timings, Usage
-from worker.service.engine_protocol import Output
 from worker.service.flights import Flights, InFlight
 from worker.service.intake import Intake
 from worker.service.offsets import OffsetTracker

@@ -19,8 +19,8 @@ from tests.slow import SLOW
 from tests.strategies import chat_bodies, completion_bodies, job_records, json_values
 from worker import SamplingParams
 from worker.config import EngineConfig
-from worker.engine import LLMEngine
-from worker.service.job_prompts import engine_prompt, longest_token_bytes
+from worker.engine.llm_engine import LLMEngine
+from worker.engine_process.prompts import engine_prompt
 from worker.service.records import Rejected, parse_job
 
 SETTINGS = hypothesis.settings(
@@ -45,7 +45,6 @@ class Served:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.max_prompt_bytes = engine.max_model_len * longest_token_bytes(engine.tokenizer)
         self.ends: dict[str, int] = {}
         self._ids = 0
 
@@ -61,7 +60,7 @@ class Served:
         request_id = f"r{self._ids}"
         self._ids += 1
         try:
-            prompt = engine_prompt(job, self.engine.tokenizer, self.max_prompt_bytes)
+            prompt = engine_prompt(job, self.engine.tokenizer)
             self.engine.add_request(request_id, prompt, job.requested_sampling(), job.priority)
         except ValueError as refusal:  # the worker's dead letter and failed result
             assert str(refusal)

@@ -3,14 +3,14 @@
 from prometheus_client import CollectorRegistry
 from pytest import approx
 
-from worker.outputs import FinishReason, RequestDelta, Timings, Usage
-from worker.service.engine_protocol import (
+from worker.engine_process.protocol import (
     EngineCounters,
     EngineLoad,
     Output,
     StepOutput,
     StepStats,
 )
+from worker.outputs import FinishReason, RequestDelta, Timings, Usage
 from worker.service.metrics import WorkerMetrics, token_buckets
 
 MODEL = {"model_name": "tiny"}
@@ -97,7 +97,7 @@ def test_token_buckets_go_1_2_5_up_to_the_context() -> None:
 
 
 def test_the_loaded_model_is_described_by_info_gauges() -> None:
-    from worker.service.engine_protocol import Ready
+    from worker.engine_process.protocol import Ready
 
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, "tiny", max_model_len=2048)

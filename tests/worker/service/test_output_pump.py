@@ -9,8 +9,8 @@ import pytest
 
 from queue_schemas import JobRequest, JobStatus
 from tests.worker.service.fakes import LANE, FakeKafka, FakePublisher, metrics
+from worker.engine_process.protocol import EngineLoad, Output
 from worker.outputs import RequestDelta, Timings, Usage
-from worker.service.engine_protocol import EngineLoad, Output
 from worker.service.flights import Flights, InFlight, Record
 from worker.service.offsets import OffsetTracker
 from worker.service.output_pump import OutputPump

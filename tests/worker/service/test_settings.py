@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from worker.config import EngineConfig
-from worker.service.engine_threads import serving_engine_threads, usable_cores
+from worker.engine_process.threads import serving_engine_threads, usable_cores
 from worker.service.settings import WorkerSettings
 
 NO_CGROUP = Path("/nonexistent/cpu.max")
@@ -18,7 +18,7 @@ def test_a_cpu_engine_leaves_one_core_to_the_service_from_four_cores(
     monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
-    monkeypatch.setattr("worker.service.engine_threads.CGROUP_CPU_MAX", NO_CGROUP)
+    monkeypatch.setattr("worker.engine_process.threads.CGROUP_CPU_MAX", NO_CGROUP)
     assert WorkerSettings(device="cpu").engine_config().engine_threads == threads
 
 

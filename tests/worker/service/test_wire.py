@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from aiokafka.structs import TopicPartition
 
 from queue_schemas import JobRequest, JobStatus
+from worker.engine_process.protocol import Output
 from worker.outputs import FinishReason, RequestDelta, Timings, Usage
-from worker.service.engine_protocol import Output
 from worker.service.flights import Attempts, InFlight, Record
 from worker.service.records import Rejected
 from worker.service.wire import (

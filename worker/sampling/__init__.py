@@ -1,0 +1,1 @@
+"""Choosing each step's tokens: the batched sampler and structured-output grammars."""
