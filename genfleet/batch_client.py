@@ -18,8 +18,6 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from producer_api.stores.files import written_atomically
-
 FINAL = {"completed", "failed", "expired", "cancelled"}
 console = Console(stderr=True)
 
@@ -60,8 +58,10 @@ def _recorded_batch(output: Path, digest: str) -> str | None:
 
 
 def _write(path: Path, content: bytes) -> None:
-    with written_atomically(path) as target:
-        target.write(content)
+    """Whole or not at all: a rerun never reads a half-written file as done."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(content)
+    partial.replace(path)
 
 
 def run_batch(base_url: str, api_key: str | None, source: Path, output: Path, poll_s: float) -> int:

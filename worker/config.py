@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from worker.execution.kv_sizing import GIB
 from worker.model_fetch import DEFAULT_MODEL
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+GIB = 1 << 30
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
 
@@ -173,7 +173,7 @@ class EngineConfig(BaseModel):
 
     def resolved(self) -> "EngineConfig":
         """This config with ``auto`` device and dtype settled for this machine."""
-        from worker.execution.device import resolve_device, resolve_dtype  # torch
+        from worker.device import resolve_device, resolve_dtype  # torch
 
         device = resolve_device(self.device)
         return self.model_copy(
@@ -195,7 +195,7 @@ class EngineConfig(BaseModel):
 
     @property
     def torch_dtype(self) -> Any:
-        from worker.execution.device import DTYPES  # torch
+        from worker.device import DTYPES  # torch
 
         return DTYPES[self.dtype]
 
@@ -206,6 +206,6 @@ class EngineConfig(BaseModel):
     @property
     def cache_torch_dtype(self) -> Any:
         """The KV cache's element type."""
-        from worker.execution.device import KV_CACHE_DTYPES  # torch
+        from worker.device import KV_CACHE_DTYPES  # torch
 
         return KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.torch_dtype)

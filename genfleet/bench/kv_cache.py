@@ -18,7 +18,7 @@ from genfleet.bench.engine_driver import run_engine
 from genfleet.bench.weights import QUESTIONS, agreement, decode_tokens_per_s, greedy_replies
 from genfleet.bench.workloads import chat_prompt, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
-from worker.execution.device import dtype_name
+from worker.device import dtype_name
 from worker.execution.model_runner import kv_bytes_per_block
 
 CACHES = ("auto", "fp8", "fp8_e5m2")

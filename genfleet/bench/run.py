@@ -17,8 +17,8 @@ from genfleet.bench.metrics import RunSummary
 from genfleet.bench.options import engine_flags
 from genfleet.bench.workloads import OUTPUT_TOKENS, BenchRequest, make_workload
 from worker import EngineConfig, LLMEngine, SamplingParams
+from worker.device import DTYPES
 from worker.engine.tokenizer import load_tokenizer
-from worker.execution.device import DTYPES
 from worker.model_fetch import resolve_model
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ from pydantic import BaseModel
 from producer_api.dependencies import FleetDep, TenantDep
 from producer_api.errors import ApiError
 from producer_api.schemas.cursor_page import CursorPage
-from producer_api.stores.files import FileObject, FileTooLarge, TooManyLines
+from producer_api.schemas.files import FileObject
+from producer_api.stores.files import FileTooLarge, TooManyLines
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

@@ -5,7 +5,7 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel
 
 from producer_api.schemas.batches import BatchObject
-from producer_api.stores.files import FileObject
+from producer_api.schemas.files import FileObject
 
 Item = TypeVar("Item", FileObject, BatchObject)
 

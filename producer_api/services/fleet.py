@@ -48,7 +48,7 @@ class Fleet:
         self.fanout = LiveFanout(
             settings.redis_url, self.names.api_channel, settings.sse_client_buffer
         )
-        self.store = JobStore(self.redis, self.fanout, settings)
+        self.store = JobStore(self.redis, settings)
         self.limits = TenantLimits(self.redis, self.names)
         self.models = ModelDirectory(self.redis, self.names, settings.model)
         self.spill = Spill(

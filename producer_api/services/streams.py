@@ -9,6 +9,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.services.fanout import SlowReader
 from producer_api.services.fleet import Fleet
+from producer_api.services.job_events import job_events
 from queue_schemas import TokenEvent
 from queue_schemas.redis_records import JobEvent
 from queue_schemas.tasks import cancel_and_wait
@@ -24,7 +25,7 @@ async def _job_events(
     last = after
     while True:
         try:
-            async for event in fleet.store.events(tenant, job_id, last):
+            async for event in job_events(fleet.store, fleet.fanout, tenant, job_id, last):
                 if isinstance(event, TokenEvent):
                     last = event.last_index
                 yield event

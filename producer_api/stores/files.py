@@ -20,28 +20,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import BinaryIO, Literal, Protocol
+from typing import BinaryIO, Protocol
 
 import anyio
-from pydantic import BaseModel
 
-FilePurpose = Literal["batch", "batch_output"]
+from producer_api.schemas.files import FileObject, FilePurpose
+
 CHUNK = 1 << 20
 _FILE_ID = re.compile(r"file-[0-9a-f]{32}")
-
-
-class FileObject(BaseModel):
-    """OpenAI's file object."""
-
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: FilePurpose
-    status: Literal["uploaded", "processed", "error"] = "processed"
-    expires_at: int | None = None
-    status_details: str | None = None
 
 
 class FileTooLarge(Exception):

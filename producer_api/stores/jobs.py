@@ -1,25 +1,16 @@
-"""The API's side of Redis: a job's state, its events (history then live), cancellation.
+"""The API's side of Redis: a job's state, its stored events, cancellation.
 
 Tenancy is enforced by the key layout: every job lives under its tenant's
 name (``Names.job_key``), so a tenant can neither see nor shadow another's
 job, even one with the same id.
-
-An event stream outlives a Redis outage: reads are retried until Redis answers
-again. A stream whose job's state is gone for good (Redis restarted without
-its data and no worker rewrote it) ends with a ``failed`` result that says so.
 """
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer_api.errors import ApiError
-from producer_api.services.fanout import LiveFanout
 from queue_schemas import CancelJob, JobRequest, JobResult, JobState, JobStatus, TokenEvent
 from queue_schemas.fleet_settings import FleetSettings
 from queue_schemas.messages import now
@@ -37,17 +28,11 @@ from queue_schemas.redis_records import (
 )
 
 log = logging.getLogger("genfleet.api")
-# A live channel silent this long: look at the stream again (pub/sub is at most once).
-RECHECK_S = 2.0
-# A streamed job whose state stays missing this long was lost with Redis's data.
-LOST_AFTER_S = 30.0
-OUTAGE_RETRY_S = 1.0
 
 
 class JobStore:
-    def __init__(self, redis: Redis, fanout: LiveFanout, settings: FleetSettings) -> None:
+    def __init__(self, redis: Redis, settings: FleetSettings) -> None:
         self.redis = redis
-        self.fanout = fanout
         self.names = settings.names
         self.settings = settings
         self._finish = redis.register_script(FINISH_SCRIPT)
@@ -98,46 +83,6 @@ class JobStore:
         events = await self.history(tenant, job_id, EventCursor())
         return "".join(event.text for event in events if isinstance(event, TokenEvent))
 
-    async def events(self, tenant: str, job_id: str, after: int = -1) -> AsyncIterator[JobEvent]:
-        """Every event of the job with a token index past ``after``, in order, ending with
-        its result: the stored history first, then live ones, with no gap and no repeat.
-
-        Raises ``SlowReader`` when the caller falls a whole buffer behind.
-        """
-        cursor = EventCursor(after)
-        missing_since: float | None = None
-        while True:
-            try:
-                # Subscribed (and confirmed) before reading the history: nothing falls
-                # in between.
-                async with self.fanout.listen(self.names.events_channel(tenant, job_id)) as live:
-                    while True:
-                        for event in await self.history(tenant, job_id, cursor):
-                            yield event
-                            if isinstance(event, JobResult):
-                                return
-                        try:
-                            while True:
-                                async with asyncio.timeout(RECHECK_S):  # no task per token
-                                    payload = await live.get()
-                                event = read_event(payload)
-                                if cursor.is_new(event):
-                                    yield event
-                                    if isinstance(event, JobResult):
-                                        return
-                        except TimeoutError:
-                            pass
-                        if await self.exists(tenant, job_id):
-                            missing_since = None
-                            continue
-                        missing_since = missing_since or time.monotonic()
-                        if time.monotonic() - missing_since > LOST_AFTER_S:
-                            yield _lost(tenant, job_id)
-                            return
-            except (RedisConnectionError, RedisTimeoutError) as error:
-                log.warning("job %s stream: redis unavailable (%r); retrying", job_id, error)
-                await asyncio.sleep(OUTAGE_RETRY_S)
-
     async def cancel(self, job_id: str, tenant: str) -> tuple[JobState, JobResult | None]:
         """Mark the job cancelled and tell the workers. A job no worker has started is
         finished here (claimed as ``redis_records`` says, so that no worker finishes it
@@ -172,14 +117,3 @@ class JobStore:
         pipe = self.redis.pipeline(transaction=False)
         mark_sent(pipe, self.names, tenant, job_id)
         await pipe.execute()
-
-
-def _lost(tenant: str, job_id: str) -> JobResult:
-    return JobResult(
-        job_id=job_id,
-        tenant=tenant,
-        status=JobStatus.FAILED,
-        finish_reason="error",
-        error="the job's state was lost from Redis; its result, if any, is on the results topic",
-        finished_at=now(),
-    )

@@ -4,9 +4,9 @@ the engine's knobs defined once and shared by the worker's settings."""
 import pytest
 import torch
 
-from worker.execution import device as devices
+from worker import device as devices
 from worker.config import EngineConfig
-from worker.execution.device import resolve_device, resolve_dtype
+from worker.device import resolve_device, resolve_dtype
 from worker.service.settings import WorkerSettings
 
 

@@ -11,12 +11,12 @@ from transformers import PreTrainedTokenizerBase
 
 from queue_schemas.sampling import SamplingOptions
 from worker.config import EngineConfig
+from worker.device import dtype_name
 from worker.engine.block_manager import BlockManager
 from worker.engine.generation_config import describe as describe_defaults
 from worker.engine.generation_config import generation_config_folder, sampling_defaults
 from worker.engine.scheduler import Scheduler
 from worker.engine.tokenizer import eos_token_ids, load_tokenizer
-from worker.execution.device import dtype_name
 from worker.execution.kv_sizing import describe
 from worker.execution.model_runner import ModelRunner, kv_bytes_per_block
 from worker.execution.ranks import Ranks, check_layout, rank_threads

@@ -27,6 +27,7 @@ from worker.engine_process.protocol import (
     Command,
     EngineLoad,
     Failed,
+    ProcessSettings,
     Ready,
     Refused,
     StepOutput,
@@ -34,13 +35,12 @@ from worker.engine_process.protocol import (
     decode,
     encode,
 )
-from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.worker")
 STOP_TIMEOUT_S = 10.0
 
 
-def _engine_main(settings: WorkerSettings, conn: Connection) -> None:
+def _engine_main(settings: ProcessSettings, conn: Connection) -> None:
     """The spawned process's target: torch is imported there, never in the service."""
     from worker.engine_process.core import run_engine_process
 
@@ -54,7 +54,7 @@ class EngineFailed(RuntimeError):
 class EngineClient:
     def __init__(
         self,
-        settings: WorkerSettings,
+        settings: ProcessSettings,
         on_step: Callable[[StepOutput], None],
         on_failure: Callable[[str], None],
     ) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from queue_schemas.logs import configure_logging
+from worker.device import dtype_name
 from worker.engine.llm_engine import LLMEngine
 from worker.engine_process.prompts import engine_prompt
 from worker.engine_process.protocol import (
@@ -39,6 +40,7 @@ from worker.engine_process.protocol import (
     Event,
     Failed,
     Output,
+    ProcessSettings,
     Ready,
     Refused,
     StepOutput,
@@ -46,11 +48,9 @@ from worker.engine_process.protocol import (
     Stop,
     decode,
     encode,
+    reason_for,
 )
-from worker.execution.device import dtype_name
 from worker.outputs import RequestDelta
-from worker.service.records import reason_for
-from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.engine")
 
@@ -203,7 +203,7 @@ class EngineCore:
         }
 
 
-def run_engine_process(settings: WorkerSettings, conn: Connection) -> None:
+def run_engine_process(settings: ProcessSettings, conn: Connection) -> None:
     """The engine process's entry point (``multiprocessing`` spawns it)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)

@@ -10,9 +10,27 @@ Imports no torch, so the service process never loads it.
 
 import pickle
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from queue_schemas import JobRequest, SamplingOptions
+from queue_schemas.logs import LogFormat
+from worker.config import EngineConfig
 from worker.outputs import RequestDelta
+
+
+class ProcessSettings(Protocol):
+    """What the engine process is started with (the worker's settings, pickled): the
+    engine's config is resolved there, where torch may be imported."""
+
+    model: str
+    log_format: LogFormat
+
+    def engine_config(self) -> EngineConfig: ...
+
+
+def reason_for(error: BaseException) -> str:
+    """Why a request cannot be served: a ValueError names it; anything else is shown whole."""
+    return str(error) if isinstance(error, ValueError) else f"cannot be served: {error!r}"
 
 
 @dataclass

@@ -10,7 +10,7 @@ there is no allocator to ask: the cache gets ``kv_cache_memory_gib``.
 
 from dataclasses import dataclass
 
-GIB = 1 << 30
+from worker.config import GIB
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from worker.execution.device import dtype_name
+from worker.device import dtype_name
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,6 @@ class Rejected:
     tenant: str = "default"
 
 
-def reason_for(error: BaseException) -> str:
-    """Why a job cannot be served: a ValueError names it; anything else is shown whole."""
-    return str(error) if isinstance(error, ValueError) else f"cannot be served: {error!r}"
-
-
 UNREADABLE, INVALID, REFUSED, TOO_LARGE = "unreadable", "invalid", "refused", "too_large"
 # How much of an oversized record is read for the job it names (its first members:
 # a JobRequest as genfleet writes it starts with job_id and tenant).

@@ -106,7 +106,7 @@ class WorkerSettings(FleetSettings, EngineConfig):
     def engine_config(self) -> EngineConfig:
         """The engine's knobs; the threads, and on a CPU the step budget, a serving engine
         takes unless they are set."""
-        from worker.execution.device import resolve_device  # torch: in the engine process
+        from worker.device import resolve_device  # torch: in the engine process
 
         config = EngineConfig(**self.engine_fields())
         device = resolve_device(config.device)

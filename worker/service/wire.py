@@ -10,9 +10,9 @@ from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
 from queue_schemas import Usage as WireUsage
 from queue_schemas.messages import now
 from queue_schemas.versioning import MODEL_DEFAULTS_VERSION, SCHEMA_VERSION
-from worker.engine_process.protocol import Output
+from worker.engine_process.protocol import Output, reason_for
 from worker.service.flights import InFlight, Record
-from worker.service.records import REFUSED, Rejected, reason_for
+from worker.service.records import REFUSED, Rejected
 
 
 def _epoch(seconds: float | None) -> datetime | None:
