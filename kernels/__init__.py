@@ -5,9 +5,15 @@ Every op has the same signature in every implementation; the engine imports
 only the names below and never chooses an implementation itself.
 """
 
+from typing import TYPE_CHECKING
+
 from kernels.dispatch import (
+    PackedLinear,
     dequantize,
     kernel_backend,
+    pack_bf16_weight,
+    pack_quantized_weight,
+    packed_quantized_linear,
     paged_attention,
     quantized_linear,
     rms_norm,
@@ -16,9 +22,17 @@ from kernels.dispatch import (
     write_kv_cache,
 )
 
+if TYPE_CHECKING:
+    from kernels.native.quantized import PackedWeight
+
 __all__ = [
+    "PackedLinear",
+    "PackedWeight",
     "dequantize",
     "kernel_backend",
+    "pack_bf16_weight",
+    "pack_quantized_weight",
+    "packed_quantized_linear",
     "paged_attention",
     "quantized_linear",
     "rms_norm",

@@ -9,13 +9,21 @@ starts), ``native`` (CPU only; a failed build is then an error) or ``torch``.
 
 import logging
 import os
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels import reference
 from kernels.quantized_weight import QuantizedWeight
+
+if TYPE_CHECKING:
+    from kernels.native.quantized import PackedWeight
+
+# A float weight re-laid out once: x, bias -> x @ weight.T + bias.
+PackedLinear = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 _BACKENDS = ("auto", "torch", "native", "triton")
 log = logging.getLogger(__name__)
@@ -130,3 +138,50 @@ def quantized_linear(
 
 def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     return _impl(weight.data.device).dequantize(weight, dtype)
+
+
+# Weights re-laid out once for the CPU's native kernels; None where those do not run.
+
+
+def _runs_native(device: torch.device) -> bool:
+    return device.type == "cpu" and kernel_backend(device) == "native"
+
+
+@cache
+def _native_quantized() -> ModuleType:
+    from kernels.native import quantized
+
+    return quantized
+
+
+def pack_bf16_weight(weight: torch.Tensor) -> PackedLinear | None:
+    """A bf16 weight in the native kernel's streaming layout, where the CPU has
+    AVX512-BF16 dot products."""
+    if weight.dtype != torch.bfloat16 or weight.shape[1] % 2 or not _runs_native(weight.device):
+        return None
+    from kernels.native import linear
+
+    if not linear.bf16_linear_available():
+        return None
+    packed = linear.PackedBf16Weight(weight)
+    return lambda x, bias: linear.bf16_linear(x, packed, bias)
+
+
+def pack_quantized_weight(weight: QuantizedWeight) -> "PackedWeight | None":
+    """``weight``'s blocks in the native kernel's groups of 8 rows, for the formats it
+    takes so (Q4_0, Q4_1, Q8_0)."""
+    if not _runs_native(weight.data.device):
+        return None
+    native = _native_quantized()
+    return native.PackedWeight(weight) if weight.ggml_type in native.PACKED_TYPES else None
+
+
+def packed_quantized_linear(
+    x: torch.Tensor,
+    weight: "PackedWeight",
+    bias: torch.Tensor | None,
+    matmul_from_rows: int | None = None,
+) -> torch.Tensor:
+    """``quantized_linear`` over re-laid-out blocks; from ``matmul_from_rows`` rows the
+    blocks are de-quantized a tile at a time and multiplied as floats."""
+    return _native_quantized().packed_linear(x, weight, bias, matmul_from_rows)

@@ -172,3 +172,17 @@ def test_the_layering_test_sees_an_upward_import() -> None:
     assert layer_of("worker.engine.scheduler") < layer_of("worker.execution.model_runner")
     assert "worker.engine.scheduler" in GRAPH["worker.execution.model_runner"]
     assert layer_of("producer_api.stores.jobs") < layer_of("producer_api.services.fleet")
+
+
+def test_the_engine_reaches_kernels_only_through_their_dispatch() -> None:
+    """``kernels.dispatch`` (re-exported by ``kernels``) is the one place that picks an
+    implementation: no engine module imports one itself."""
+    allowed = {"kernels", "kernels.dispatch", "kernels.quantized_weight"}
+    direct = [
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if module.startswith("worker")
+        for target in targets
+        if target.startswith("kernels") and target not in allowed
+    ]
+    assert not direct, direct

@@ -55,6 +55,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_engine_arguments(parser)
     _add_fleet_arguments(parser)
+    _add_comparison_arguments(parser)
 
 
 def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +91,10 @@ def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="--batch-mix: the batch runner's window of unfinished lines",
     )
+
+
+def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmarks that compare one feature with its absence."""
     parser.add_argument(
         "--structured",
         action="store_true",

@@ -7,9 +7,9 @@ letters on their topics, states and event streams in Redis.
 
 import asyncio
 import time
-from collections import Counter
 from datetime import UTC, datetime
 
+from genfleet.chaos.failover import failover
 from genfleet.chaos.records import bad_records
 from genfleet.chaos.target import (
     DeadLetters,
@@ -237,90 +237,6 @@ async def _until(
     while (reached := await count()) < (at_least or len(ids)) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     return reached
-
-
-async def _busiest_worker(states: JobStates, ids: list[str], timeout_s: float) -> str | None:
-    """The worker running the most of these jobs, once one runs any (None at timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        running = Counter(
-            s["worker"]
-            for s in (await states.states(ids)).values()
-            if s and s["status"] == "running"
-        )
-        if running:
-            return running.most_common(1)[0][0]
-        await asyncio.sleep(0.05)
-    return None
-
-
-async def failover(
-    target: Target,
-    jobs: int = 24,
-    tokens: int = 150,
-    bar_s: float = 15.0,
-    stall_bar_s: float = 15.0,
-):
-    """kill -9 of a worker mid-generation: another takes its jobs over within seconds,
-    and their streams stand still no longer than ``stall_bar_s`` (from the kill to a
-    token index past the last one readers had)."""
-    name = "failover after kill -9"
-    faults = target.faults
-    if faults.kill_worker is None:
-        return skipped(name, "kill a worker")
-    run = run_id()
-    ids = [f"{run}-{i}" for i in range(jobs)]
-    states = JobStates(target)
-    try:
-        async with Results(target) as results:
-            await produce(target, [(job_id.encode(), job_record(job_id, tokens)) for job_id in ids])
-            # Mid-generation: the kill must find jobs running, or it measures nothing.
-            busiest = await _busiest_worker(states, ids, target.timeout_s)
-            killed = await asyncio.to_thread(faults.kill_worker, busiest)
-            killed_at = time.monotonic()
-            now = await states.states(ids)
-            orphans = {
-                j
-                for j, s in now.items()
-                if s and s["status"] == "running" and s["worker"] == killed
-            }
-            held = {j: await states.last_index(j) for j in orphans}
-            taken: dict[str, float] = {}
-            stalls: dict[str, float] = {}
-            while len(stalls) < len(orphans) and time.monotonic() - killed_at < target.timeout_s:
-                for j in orphans - set(taken):
-                    state = await states.state(j)
-                    if state and (state["worker"] != killed or state["status"] != "running"):
-                        taken[j] = time.monotonic() - killed_at
-                for j in orphans - set(stalls):
-                    last = await states.last_index(j)
-                    before = held[j]
-                    if last is not None and before is not None and last > before:
-                        stalls[j] = time.monotonic() - killed_at
-                await asyncio.sleep(0.05)
-            await wait_for(lambda: len(results.counts()) >= jobs, target.timeout_s)
-            await asyncio.sleep(2.0)
-            counts = results.counts()
-    finally:
-        await states.close()
-    slowest = max(taken.values(), default=0.0)
-    stall = max(stalls.values(), default=0.0)
-    once = sum(counts[j] == 1 for j in ids)
-    passed = (
-        len(taken)
-        == len(stalls)
-        == len(orphans)
-        > 0  # a kill that stalled nothing measured nothing
-        and slowest <= bar_s
-        and stall <= stall_bar_s
-        and once == jobs
-    )
-    detail = (
-        f"{killed} killed with {len(orphans)} jobs running; taken over {len(taken)}, "
-        f"slowest after {slowest:.1f} s (bar {bar_s:.0f} s); longest stream stall "
-        f"{stall:.1f} s (bar {stall_bar_s:.0f} s); one result {once}/{jobs}"
-    )
-    return Verdict(name, passed, detail)
 
 
 ALL = (poison_records, exactly_once, redis_restart, broker_restart, failover)

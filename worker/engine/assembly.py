@@ -104,11 +104,7 @@ def _build(
         config.override_generation_config,
     )
     weights = weight_footprint(model)
-    log.info("%s (%s)", weights.describe(), model_path.name)
-    kv_dtype = dtype_name(runner.kv_cache.dtype)
-    log.info("%s, in %s", describe(runner.num_blocks, config.block_size, max_model_len), kv_dtype)
-    log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
-    log.info(describe_defaults(defaults))
+    _log_parts(config, model_path, max_model_len, runner, weights, defaults)
     block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(config, block_manager)
     proposer: Proposer | None = None
@@ -134,3 +130,18 @@ def _build(
         scheduler,
         proposer,
     )
+
+
+def _log_parts(
+    config: EngineConfig,
+    model_path: Path,
+    max_model_len: int,
+    runner: ModelRunner,
+    weights: WeightFootprint,
+    defaults: SamplingOptions,
+) -> None:
+    log.info("%s (%s)", weights.describe(), model_path.name)
+    kv_dtype = dtype_name(runner.kv_cache.dtype)
+    log.info("%s, in %s", describe(runner.num_blocks, config.block_size, max_model_len), kv_dtype)
+    log.info("%s on %s, %d CPU threads", config.dtype, config.device, torch.get_num_threads())
+    log.info(describe_defaults(defaults))

@@ -27,7 +27,7 @@ Both timings take the same rule (``first_faster_rows``).
 """
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,16 +35,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import kernel_backend, quantized_linear
+from kernels import (
+    PackedLinear,
+    pack_bf16_weight,
+    pack_quantized_weight,
+    packed_quantized_linear,
+    quantized_linear,
+)
 from kernels.quantized_weight import QuantizedWeight
 
 if TYPE_CHECKING:
-    from kernels.native.quantized import PackedWeight
+    from kernels import PackedWeight
 
 # oneDNN picks its blocking for this batch size; decode batches are about this big.
 PACK_BATCH_HINT = 32
-
-PackedLinear = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 # Rows at which a layer's two CPU forms are timed against each other: a step's
 # tokens, from a decode batch to a prefill chunk. Timed with the weight in cache,
@@ -62,17 +66,6 @@ TILE_CALIBRATION_OUT_FEATURES = 2048
 NEVER = 1 << 62
 
 
-def _native_bf16(weight: torch.Tensor) -> PackedLinear | None:
-    if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
-        return None
-    from kernels.native.linear import PackedBf16Weight, bf16_linear, bf16_linear_available
-
-    if not bf16_linear_available():
-        return None
-    packed = PackedBf16Weight(weight)
-    return lambda x, bias: bf16_linear(x, packed, bias)
-
-
 def _onednn(weight: torch.Tensor) -> PackedLinear | None:
     if not torch.backends.mkldnn.is_available():
         return None
@@ -83,24 +76,11 @@ def _onednn(weight: torch.Tensor) -> PackedLinear | None:
     return lambda x, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def pack_quantized(weight: QuantizedWeight) -> "PackedWeight | None":
-    """``weight`` re-laid out for the native kernel's 8-row groups, where that runs."""
-    from kernels.native.quantized import PACKED_TYPES, PackedWeight
-
-    if weight.data.device.type != "cpu" or kernel_backend(weight.data.device) != "native":
-        return None
-    return PackedWeight(weight) if weight.ggml_type in PACKED_TYPES else None
-
-
 def pack_for_cpu(weight: torch.Tensor) -> PackedLinear | None:
     """The fastest re-laid-out form of ``weight`` for this host, or None (use ``F.linear``)."""
     if weight.device.type != "cpu":
         return None
-    if kernel_backend(weight.device) == "native":
-        packed = _native_bf16(weight)
-        if packed is not None:
-            return packed
-    return _onednn(weight)
+    return pack_bf16_weight(weight) or _onednn(weight)
 
 
 def first_faster_rows(times: Mapping[int, tuple[float, float]]) -> int:
@@ -144,15 +124,13 @@ def dense_from_rows(blocks: PackedLinear, dense: PackedLinear, x_row: torch.Tens
 def tiles_from_rows(blocks: "PackedWeight", x_row: torch.Tensor) -> int:
     """The rows from which de-quantizing ``blocks`` a tile at a time per step beats
     their integer kernel (timed on their first rows)."""
-    from kernels.native.quantized import packed_linear
-
     blocks = blocks.head(TILE_CALIBRATION_OUT_FEATURES)
 
     def integer(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return packed_linear(x, blocks, bias)
+        return packed_quantized_linear(x, blocks, bias)
 
     def tiles(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return packed_linear(x, blocks, bias, matmul_from_rows=0)
+        return packed_quantized_linear(x, blocks, bias, matmul_from_rows=0)
 
     return faster_from_rows(integer, tiles, x_row, TILE_CALIBRATION_ROWS)
 
@@ -180,14 +158,11 @@ class Linear(nn.Linear):
         if self.quantized is None:
             self.packed = pack_for_cpu(self.weight)
             return
-        packed = pack_quantized(self.quantized)
+        packed = pack_quantized_weight(self.quantized)
         if packed is not None:
-            from kernels.native.quantized import packed_linear
-
-            # Imported once here, not per step; ``tiles_from`` is read at each call
-            # (timed after packing).
+            # ``tiles_from`` is read at each call (timed after packing).
             self.blocks = packed
-            self.packed = lambda x, bias: packed_linear(x, packed, bias, self.tiles_from)
+            self.packed = lambda x, bias: packed_quantized_linear(x, packed, bias, self.tiles_from)
             self.quantized = None  # the packed copy holds the same bytes
 
     def dense_bytes(self, dtype: torch.dtype) -> int:

@@ -26,7 +26,7 @@ from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
 
 if TYPE_CHECKING:
-    from kernels.native.quantized import PackedWeight
+    from kernels import PackedWeight
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 

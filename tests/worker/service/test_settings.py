@@ -69,7 +69,7 @@ def test_a_cpu_worker_steps_with_the_serving_budget_unless_told_otherwise(
 
 
 def test_every_assignor_a_worker_may_list_is_one_it_has() -> None:
-    from worker.service.app import ASSIGNORS
+    from worker.service.connections import ASSIGNORS
     from worker.service.settings import KAFKA_ASSIGNORS
 
     assert set(ASSIGNORS) == set(KAFKA_ASSIGNORS.split("|"))
