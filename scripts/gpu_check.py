@@ -18,19 +18,15 @@ when ``OUT`` is set, else ``gpu_check.md``), a failing one recorded and passed:
    same run; goal: throughput at least 3x the best baseline, mean latency 40 %
    lower;
 4. decode step time, eager against graphs, at batch 1, 8, 32 and 64;
-5. paged attention's bandwidth against the device's peak and
-   ``scaled_dot_product_attention`` (goal: 70 % of peak at long contexts);
-6. with two or more GPUs, tensor parallelism over two (NCCL): greedy parity of
-   a random Llama (16 heads, 4 KV heads) against transformers, and output
-   tokens/s of 32 requests at ``tensor_parallel_size`` 1 and 2.
+5. paged attention's bandwidth (``gpu_bandwidth.py``; goal: 70 % of peak at long contexts);
+6. (``gpu_tensor_parallel.py``) with two or more GPUs, over two (NCCL): greedy parity
+   of a random Llama against transformers, tokens/s of 32 requests at sizes 1 and 2.
 
 ``--device cpu`` is a dry run of sections 2-4 and 6 (gloo) here, to find a broken script
 before it spends GPU time (its figures say nothing about a GPU).
 
-The GPU machine has torch, triton, transformers, pytest and rich but no
-pydantic: ``gpu_check_prepare.sh`` downloads its wheels into ``.gpu_check/whl``
-and copies SmolLM2's config and tokenizer files into ``.gpu_check/smollm2``;
-the command to run there is printed by that script.
+The GPU machine has no pydantic: ``gpu_check_prepare.sh`` puts its wheels and
+SmolLM2's config and tokenizer in ``.gpu_check/`` and prints the command to run there.
 """
 
 import argparse
@@ -51,9 +47,9 @@ sys.path.insert(0, str(REPO))
 os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402  (after TRITON_INTERPRET: triton reads it on import)
+from gpu_bandwidth import bandwidth  # noqa: E402  (beside this script)
+from gpu_tensor_parallel import tensor_parallel  # noqa: E402
 
-# Spec sheet HBM bandwidth, bytes/s, by a substring of the device name.
-PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
 TESTS = [
     "tests/kernels/test_triton.py",
     "tests/kernels/test_quantized.py::test_triton_kernel_matches_the_reference",
@@ -245,83 +241,6 @@ def step_times(folder: Path) -> str:
     return "\n".join(rows)
 
 
-def _bandwidth_row(case: str, kernel: str, ms: float, nbytes: int, peak: float | None,
-                   copy_bw: float) -> str:  # fmt: skip
-    bw = nbytes / (ms / 1e3)
-    spec = f"{bw / peak:.0%}" if peak else "n/a"
-    return f"| {case} | {kernel} | {ms:.3f} | {bw / 1e9:.0f} | {spec} | {bw / copy_bw:.0%} |"
-
-
-def _attention_case(batch: int, q_len: int, ctx: int, device, dtype) -> tuple[dict, dict, int]:
-    """Paged inputs for the Triton kernel, dense ones for SDPA, and the bytes either must move."""
-    heads, kv_heads, head, block = ATTENTION_SHAPE
-    blocks_per_seq = ctx // block
-    num_blocks = batch * blocks_per_seq
-    key_cache = torch.randn(num_blocks, block, kv_heads, head, dtype=dtype, device=device)
-    value_cache = torch.randn_like(key_cache)
-    # Scattered blocks, as after many allocations and frees.
-    block_tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq)
-    query = torch.randn(batch * q_len, heads, head, dtype=dtype, device=device)
-    paged = {
-        "query": query,
-        "key_cache": key_cache,
-        "value_cache": value_cache,
-        "block_tables": block_tables.to(torch.int32),
-        "seq_lens": torch.full((batch,), ctx, dtype=torch.int64, device=device),
-        "query_start_loc": torch.arange(batch + 1, device=device) * q_len,
-        "scale": head**-0.5,
-    }
-    dense_k = key_cache[block_tables].view(batch, ctx, kv_heads, head).transpose(1, 2)
-    dense = {
-        "query": query.view(batch, q_len, heads, head).transpose(1, 2).contiguous(),
-        "key": dense_k.contiguous(),
-        "value": torch.randn_like(dense_k).contiguous(),
-        "is_causal": q_len > 1,
-        "scale": head**-0.5,
-        "enable_gqa": True,
-    }
-    nbytes = 2 * key_cache.numel() * key_cache.element_size() + 2 * query.numel() * 2
-    return paged, dense, nbytes
-
-
-# heads, kv heads, head size, block size: a Llama-3-8B-like layer.
-ATTENTION_SHAPE = (32, 8, 128, 16)
-CASES = (("decode b64 ctx16k", 64, 1, 16384), ("decode b64 ctx2k", 64, 1, 2048),
-         ("prefill b4 2k", 4, 2048, 2048))  # fmt: skip
-
-
-def bandwidth() -> str:
-    import torch.nn.functional as F
-    from triton.testing import do_bench
-
-    from kernels import triton_ops
-
-    device = torch.device("cuda")
-    name = torch.cuda.get_device_name(device)
-    peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_bw = 2 * src.numel() / (do_bench(partial(dst.copy_, src)) / 1e3)
-    del src, dst
-    rows = [
-        "| case | kernel | ms | GB/s | of spec peak | of copy peak |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for case, batch, q_len, ctx in CASES:
-        paged, dense, nbytes = _attention_case(batch, q_len, ctx, device, torch.bfloat16)
-        paged_ms = do_bench(partial(triton_ops.paged_attention, **paged))
-        sdpa_ms = do_bench(partial(F.scaled_dot_product_attention, **dense))
-        rows.append(_bandwidth_row(case, "triton paged", paged_ms, nbytes, peak, copy_bw))
-        rows.append(_bandwidth_row(case, "SDPA dense", sdpa_ms, nbytes, peak, copy_bw))
-        _free()
-    heads, kv_heads, head, block = ATTENTION_SHAPE
-    header = (
-        f"spec peak {(peak or 0) / 1e9:.0f} GB/s; measured copy {copy_bw / 1e9:.0f} GB/s; "
-        f"bf16, {heads} heads, {kv_heads} KV heads, head size {head}, block size {block}"
-    )
-    return "\n".join([header, "", *rows])
-
-
 class Report:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -344,49 +263,6 @@ class Report:
 
     def _write(self) -> None:
         self.path.write_text(self.text)
-
-
-def tensor_parallel(root: Path) -> str:
-    """Section 6: two ranks against one, on a random Llama that splits in two."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from worker import LLM, SamplingParams
-
-    folder = root / "llama-tp"
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024,
-        initializer_range=0.1, tie_word_embeddings=False,
-    )  # fmt: skip
-    hf = LlamaForCausalLM(config).eval()
-    hf.save_pretrained(folder)
-    rng = random.Random(3)
-    prompts = [[rng.randrange(3, 32000) for _ in range(n)] for n in (5, 33, 120, 250)]
-    with torch.inference_mode():
-        expected = [
-            hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False)[0, len(p) :].tolist()
-            for p in prompts
-        ]
-    del hf
-    work = [[rng.randrange(3, 32000) for _ in range(200)] for _ in range(32)]
-    rows = ["| tensor_parallel_size | parity with transformers | out tok/s (32 x 128) |",
-            "| --- | --- | --- |"]  # fmt: skip
-    for size in (1, 2):
-        llm = LLM(str(folder), device=DEVICE, dtype="float32", tensor_parallel_size=size,
-                  gpu_memory_utilization=ENGINE_MEMORY)  # fmt: skip
-        greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
-        equal = sum(o.outputs[0].token_ids == e for o, e in zip(outputs, expected, strict=True))
-        long = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-        began = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in work], long)
-        speed = 32 * 128 / (time.perf_counter() - began)
-        rows.append(f"| {size} | {equal}/{len(prompts)} | {speed:.0f} |")
-        llm.close()
-        del llm
-        _free()
-    return "\n".join(rows)
 
 
 def main() -> int:
@@ -415,7 +291,7 @@ def main() -> int:
         report.section("Paged attention bandwidth", bandwidth)
     if not on_gpu or torch.cuda.device_count() >= 2:
         with tempfile.TemporaryDirectory() as tmp:
-            section = partial(tensor_parallel, Path(tmp))
+            section = partial(tensor_parallel, Path(tmp), DEVICE, ENGINE_MEMORY)
             report.section("Tensor parallelism over two ranks", section)
     return 1 if report.failed else 0
 

@@ -34,8 +34,9 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
 from worker.models.fused import checkpoint_parts
+from worker.models.layers import Embedding
 from worker.models.linear import Linear
-from worker.models.llama import Embedding, LlamaForCausalLM
+from worker.models.llama import LlamaForCausalLM
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")

@@ -12,94 +12,25 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from kernels import (
-    dequantize,
     paged_attention,
-    rms_norm,
     rotary_embedding,
     silu_and_mul,
     write_kv_cache,
 )
-from kernels.quantized_weight import QuantizedWeight
 from worker.models.attention_metadata import AttentionMetadata
+from worker.models.layers import Embedding, RMSNorm
 from worker.models.linear import BlockForms, Linear, choose_block_forms
 from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
 
 if TYPE_CHECKING:
-    from kernels import PackedWeight
+    pass
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return rms_norm(x, self.weight, self.eps, residual)
-
-
-class Embedding(nn.Embedding):
-    """Token embeddings; from GGUF blocks (``use_quantized``) only the looked-up rows
-    are de-quantized. Under tensor parallelism each rank holds a range of the
-    vocabulary: ids outside it look up zeros, and the ranks' rows are summed."""
-
-    quantized: QuantizedWeight | None = None
-    packed: "PackedWeight | None" = None
-    stored_as: tuple[str, int] | None = None  # as Linear.stored_as
-    compute_dtype = torch.float32
-
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel) -> None:
-        self.first_row, rows, _ = tp.vocab_rows(vocab_size)
-        super().__init__(rows, hidden_size)
-        self.tp = tp
-
-    def use_quantized(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
-        self.quantized = weight
-        self.stored_as = (weight.ggml_type.name, weight.nbytes)
-        self.compute_dtype = dtype
-        self.register_parameter("weight", None)
-
-    def as_output_layer(self) -> Linear:
-        """A layer over this embedding's blocks or weight, not copied: the tied output."""
-        layer = Linear(self.embedding_dim, self.num_embeddings, bias=False, device="meta")
-        if self.quantized is None:
-            layer.weight = self.weight
-        else:
-            layer.register_parameter("weight", None)
-            layer.quantized = self.quantized  # not ``use_quantized``: counted here only
-        return layer
-
-    def use_packed(self, packed: "PackedWeight") -> None:
-        """Look rows up in ``packed`` (the native re-laid-out form of the same blocks,
-        which the tied output layer runs on); the stored form is dropped."""
-        self.packed = packed
-        self.quantized = None
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.tp.size == 1:
-            return self._lookup(ids)
-        local = ids - self.first_row
-        outside = (local < 0) | (local >= self.num_embeddings)
-        rows = self._lookup(local.masked_fill(outside, 0))
-        return self.tp.all_reduce(rows.masked_fill(outside[..., None], 0.0))
-
-    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            rows = self.packed.rows(ids.reshape(-1), self.compute_dtype)
-            return rows.view(*ids.shape, self.packed.in_features)
-        if self.quantized is None:
-            return super().forward(ids)
-        rows = dequantize(self.quantized.rows(ids.reshape(-1)), self.compute_dtype)
-        return rows.view(*ids.shape, self.quantized.in_features)
 
 
 class Attention(nn.Module):

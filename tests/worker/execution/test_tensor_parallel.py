@@ -134,3 +134,25 @@ def test_layouts_that_do_not_split_are_refused_before_any_rank_starts(tiny_model
             tensor_parallel_size=2,
             speculative_config={"model": str(folder), "num_speculative_tokens": 2},
         )
+
+
+def test_a_closed_engine_releases_its_ranks_and_a_second_one_starts(tiny_models) -> None:
+    """``with LLM(...)``: on leaving, the follower processes have ended, the process
+    group is gone and torch's thread count is as before; a second engine over two
+    ranks then starts in the same process and decodes as the first did."""
+    import torch
+    import torch.distributed as dist
+
+    folder, hf_model = tiny_models["llama-untied"]
+    threads = torch.get_num_threads()
+    with LLM(str(folder), device="cpu", tensor_parallel_size=2) as first:
+        ranks = first.engine.ranks
+        assert ranks is not None and dist.is_initialized()
+        followers = list(ranks.followers)
+        _greedy_parity(first, hf_model)
+    assert all(process.poll() is not None for process in followers)
+    assert not dist.is_initialized()
+    assert torch.get_num_threads() == threads
+    first.close()  # a second close does nothing
+    with LLM(str(folder), device="cpu", tensor_parallel_size=2) as second:
+        _greedy_parity(second, hf_model)
