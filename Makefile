@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo test lint install
+.PHONY: up demo test test-fast lint install
 
 $(STAMP): pyproject.toml Makefile
 	# Redis for the integration tests and the local fleet: the system package.
@@ -35,3 +35,9 @@ test: lint
 	# Two test processes: much of an integration test is waiting on a broker or a
 	# subprocess (docs/testing.md, "How long the suite takes").
 	$(PY) -m pytest -q -n 2
+
+# The fast tier: every test that starts no broker, Redis or fleet process (about 2.5
+# minutes on 2 cores; docs/testing.md). `make test` runs them all.
+test-fast: $(STAMP)
+	$(VENV)/bin/genfleet model fetch
+	$(PY) -m pytest -q -n 2 -m "not integration"

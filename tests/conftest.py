@@ -23,6 +23,11 @@ from transformers import (
 
 from worker.model_fetch import DEFAULT_MODEL, fetch_model
 
+# Under pytest-xdist each test process takes its share of the cores: two OpenMP pools
+# of every core on one machine spin against each other (a test's steps 5x slower).
+_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _PROCESSES))
+
 TINY_VOCAB = 384
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

@@ -165,3 +165,11 @@ def api_fleet(services, chat_model, tmp_path_factory):
     yield api, worker, Names(prefix), services[1].address
     api.stop()
     worker.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here starts a broker, Redis or a fleet process: ``integration``."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.integration)

@@ -5,7 +5,7 @@ import asyncio
 from genfleet.bench.serve import base_url, serve_workloads
 from genfleet.bench.workloads import make_workload
 from tests.integration.conftest import ALICE, MODEL
-from worker.engine.llm_engine import load_tokenizer
+from worker.engine.tokenizer import load_tokenizer
 
 
 def test_the_serve_benchmark_measures_a_running_server_on_its_own_requests(

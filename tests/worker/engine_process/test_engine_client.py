@@ -14,6 +14,9 @@ from worker.engine_process.protocol import Output, StepOutput
 from worker.sampling_params import SamplingParams
 from worker.service.settings import WorkerSettings
 
+# Each test spawns a worker's engine process.
+pytestmark = pytest.mark.integration
+
 
 def test_an_idle_engine_answers_refusals_and_aborts_without_owing_a_step(
     chat_model: Path,

@@ -18,6 +18,9 @@ from tests.worker.models.test_parity import SCENARIOS
 from worker import LLM, EngineConfig, SamplingParams
 from worker.models.footprint import weight_footprint
 
+# Each test starts processes of the fleet's engine (tensor-parallel ranks).
+pytestmark = pytest.mark.integration
+
 MAX_TOKENS = 16
 Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
 
