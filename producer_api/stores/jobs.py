@@ -99,13 +99,7 @@ class JobStore:
         await pipe.execute()
         if state.status is not JobStatus.QUEUED:
             return state, None
-        result = JobResult(
-            job_id=job_id,
-            tenant=tenant,
-            status=JobStatus.CANCELLED,
-            finish_reason="abort",
-            finished_at=now(),
-        )
+        result = cancelled_result(job_id, tenant)
         keys, args = finish_call(
             self.names, result, self.settings.event_stream_maxlen, self.settings.result_ttl_s,
             time.time(), claimant=f"api-cancel-{job_id}",
@@ -117,3 +111,14 @@ class JobStore:
         pipe = self.redis.pipeline(transaction=False)
         mark_sent(pipe, self.names, tenant, job_id)
         await pipe.execute()
+
+
+def cancelled_result(job_id: str, tenant: str) -> JobResult:
+    """The result of a job cancelled before any worker took it."""
+    return JobResult(
+        job_id=job_id,
+        tenant=tenant,
+        status=JobStatus.CANCELLED,
+        finish_reason="abort",
+        finished_at=now(),
+    )

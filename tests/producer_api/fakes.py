@@ -16,9 +16,9 @@ from producer_api.services.fleet import Fleet
 from producer_api.services.kafka_submit import KafkaUnavailable
 from producer_api.services.models import ModelDirectory
 from producer_api.settings import ApiSettings
+from producer_api.stores.jobs import cancelled_result
 from queue_schemas import JobRequest, JobResult, JobState, JobStatus, Names
 from queue_schemas.announcements import WorkerAnnouncement
-from queue_schemas.messages import now
 from queue_schemas.redis_records import EventCursor, JobEvent
 
 # Nothing listens here: a real Redis client fails at once (connection refused).
@@ -80,13 +80,7 @@ class FakeJobStore:
             raise ApiError(
                 409, f"job {job_id!r} is already {state.status.value}", code="job_finished"
             )
-        result = JobResult(
-            job_id=job_id,
-            tenant=tenant,
-            status=JobStatus.CANCELLED,
-            finish_reason="abort",
-            finished_at=now(),
-        )
+        result = cancelled_result(job_id, tenant)
         self.states[tenant, job_id] = state.model_copy(update={"status": JobStatus.CANCELLED})
         return self.states[tenant, job_id], result
 

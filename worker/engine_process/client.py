@@ -1,6 +1,6 @@
 """The service's handle on the engine process: start it, feed it, hear from it.
 
-The engine process (``engine_core``) is spawned, not forked: a fork of a
+The engine process (``engine_process.core``) is spawned, not forked: a fork of a
 process with an event loop and threads would inherit their locks. Its pipe is
 read by the event loop itself (``add_reader``), one frame per callback, so the
 service needs no thread of its own. The engine's end of the pipe closing is how

@@ -1,6 +1,6 @@
 """What to do with a job record, given what earlier deliveries of the job left in Redis.
 
-Pure, so every case is a unit test (``tests/worker/test_admission.py``).
+Pure, so every case is a unit test (``tests/worker/service/test_admission.py``).
 """
 
 import enum

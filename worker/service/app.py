@@ -1,7 +1,7 @@
 """``genfleet worker``: Kafka in, engine, Redis and the results topic out.
 
 The wiring of the worker's parts, each in a module of its own, on one event loop;
-the engine runs in its own process (``engine_client``):
+the engine runs in its own process (``worker.engine_process``):
 
     intake       getmany -> each record: parse -> dead-letter | skip | expire | engine.add
     output_pump  engine step outputs -> Redis pipeline (events, result claims) per step;
