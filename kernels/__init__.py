@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from kernels.dispatch import (
     PackedLinear,
     dequantize,
+    gelu_tanh_and_mul,
     kernel_backend,
     pack_bf16_weight,
     pack_quantized_weight,
@@ -29,6 +30,7 @@ __all__ = [
     "PackedLinear",
     "PackedWeight",
     "dequantize",
+    "gelu_tanh_and_mul",
     "kernel_backend",
     "pack_bf16_weight",
     "pack_quantized_weight",

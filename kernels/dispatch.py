@@ -90,9 +90,19 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
 ) -> torch.Tensor:
     return _impl(query.device).paged_attention(
-        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        sliding_window,
+        logit_softcap,
     )
 
 
@@ -128,6 +138,10 @@ def rotary_embedding(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _impl(x.device).silu_and_mul(x)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _impl(x.device).gelu_tanh_and_mul(x)
 
 
 def quantized_linear(

@@ -75,7 +75,16 @@ def build_tiny_model(
     kind: str, folder: Path, max_shard_size: str | None = None, **overrides: object
 ) -> torch.nn.Module:
     """A seeded random model of ``kind`` saved as safetensors + config in ``folder``."""
-    config_class, model_class, settings = TINY_MODELS[kind]
+    return build_model(TINY_MODELS[kind], folder, max_shard_size, **overrides)
+
+
+def build_model(
+    spec: tuple[type, type, dict], folder: Path, max_shard_size: str | None = None,
+    **overrides: object,
+) -> torch.nn.Module:  # fmt: skip
+    """A seeded random model of ``spec`` (config class, model class, what sets it
+    apart) saved as safetensors + config in ``folder``."""
+    config_class, model_class, settings = spec
     torch.manual_seed(1234)
     model = model_class(config_class(**{**TINY_COMMON, **settings, **overrides})).eval()
     model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))

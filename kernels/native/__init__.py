@@ -4,12 +4,19 @@ layout the library does not take."""
 
 from kernels.native.attention import paged_attention
 from kernels.native.build import NativeKernelsUnavailable, load_library
-from kernels.native.layer_ops import rms_norm, rotary_embedding, silu_and_mul, write_kv_cache
+from kernels.native.layer_ops import (
+    gelu_tanh_and_mul,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    write_kv_cache,
+)
 from kernels.native.quantized import dequantize, quantized_linear
 
 __all__ = [
     "NativeKernelsUnavailable",
     "dequantize",
+    "gelu_tanh_and_mul",
     "load_library",
     "paged_attention",
     "quantized_linear",

@@ -9,7 +9,7 @@ from kernels.native.tensors import FP8_FORMATS, native_dtype, row_stride
 from kernels.reference import paged_attention as reference_paged_attention
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGS = (_P, _I, *[_P] * 5, *[_I] * 6, ctypes.c_float, _P)
+_ARGS = (_P, _I, *[_P] * 5, *[_I] * 6, ctypes.c_float, _I, ctypes.c_float, _P)
 # By the cache's element type: the query's own, or an fp8 format.
 _paged_attention = NativeOp("paged_attention", *_ARGS)
 _FP8_PAGED_ATTENTION = {
@@ -25,6 +25,8 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
 ) -> torch.Tensor:
     """Same contract as ``kernels.reference.paged_attention``; query rows may be strided."""
     op = _FP8_PAGED_ATTENTION.get(key_cache.dtype, _paged_attention)
@@ -33,7 +35,15 @@ def paged_attention(
     query_stride = row_stride(query)
     if dtype is None or query_stride is None or value_cache.dtype != key_cache.dtype:
         return reference_paged_attention(
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            sliding_window,
+            logit_softcap,
         )
     key_cache, value_cache = key_cache.contiguous(), value_cache.contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
@@ -58,6 +68,8 @@ def paged_attention(
         block_size,
         block_tables.shape[1],
         scale,
+        sliding_window,
+        logit_softcap,
         out.data_ptr(),
     )
     return out

@@ -88,6 +88,22 @@ void silu_and_mul(const T* x, int64_t rows, int64_t d, T* out) {
   }
 }
 
+// out[t] = gelu_tanh(x[t, :d]) * x[t, d:] (Gemma's GeGLU)
+template <typename T>
+void gelu_tanh_and_mul(const T* x, int64_t rows, int64_t d, T* out) {
+  constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+#pragma omp parallel for if (rows * d >= kParallelElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* gate = x + r * 2 * d;
+    const T* up = gate + d;
+    for (int64_t c = 0; c < d; ++c) {
+      const float g = to_float(gate[c]);
+      const float gelu = 0.5f * g * (1.f + std::tanh(kAlpha * (g + 0.044715f * g * g * g)));
+      store(gelu * to_float(up[c]), out + r * d + c);
+    }
+  }
+}
+
 // Copies each token's K and V row (kv_heads * head_size contiguous elements) to
 // its cache slot, rounded to the cache's element type C when it is an fp8 one; a
 // slot of -1 is padding and is skipped.
@@ -132,6 +148,9 @@ void write_kv_cache(const T* key, int64_t key_stride, const T* value, int64_t va
   }                                                                                            \
   extern "C" void silu_and_mul_##SUFFIX(const T* x, int64_t rows, int64_t d, T* out) {         \
     silu_and_mul(x, rows, d, out);                                                             \
+  }                                                                                            \
+  extern "C" void gelu_tanh_and_mul_##SUFFIX(const T* x, int64_t rows, int64_t d, T* out) {    \
+    gelu_tanh_and_mul(x, rows, d, out);                                                        \
   }                                                                                            \
   extern "C" void write_kv_cache_##SUFFIX(const T* key, int64_t key_stride, const T* value,    \
                                           int64_t value_stride, T* key_cache, T* value_cache,  \

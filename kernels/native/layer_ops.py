@@ -1,4 +1,4 @@
-"""RMSNorm, rotary embedding, SiLU-and-mul and the KV cache write through the native
+"""RMSNorm, rotary embedding, SiLU- and GeLU-and-mul and the KV cache write through the native
 library (see layer_ops.cpp). Same contracts as the torch references, which run
 instead for a dtype or layout the library does not take."""
 
@@ -15,7 +15,11 @@ _rms_norm = NativeOp("rms_norm", _P, _I, _P, _I, _P, _I, _I, _F, _P, _P)
 _rotary_embedding = NativeOp(
     "rotary_embedding", _P, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, ctypes.c_int32
 )
-_silu_and_mul = NativeOp("silu_and_mul", _P, _I, _I, _P)
+_GATED = {
+    "silu": NativeOp("silu_and_mul", _P, _I, _I, _P),
+    "gelu_tanh": NativeOp("gelu_tanh_and_mul", _P, _I, _I, _P),
+}
+_GATED_REFERENCE = {"silu": reference.silu_and_mul, "gelu_tanh": reference.gelu_tanh_and_mul}
 _WRITE_ARGS = (_P, _I, _P, _I, _P, _P, _P, _I, _I)
 _write_kv_cache = NativeOp("write_kv_cache", *_WRITE_ARGS)
 _FP8_WRITE_KV_CACHE = {
@@ -105,16 +109,24 @@ def rotary_embedding(
     )
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def _gated(activation: str, x: torch.Tensor) -> torch.Tensor:
     dtype = native_dtype(x)
     if dtype is None or x.shape[-1] % 2:  # an odd width: the reference raises
-        return reference.silu_and_mul(x)
+        return _GATED_REFERENCE[activation](x)
     x = x.contiguous()
     d = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], d), dtype=dtype)
     rows = out.numel() // d if d else 0
-    _silu_and_mul(dtype, x.data_ptr(), rows, d, out.data_ptr())
+    _GATED[activation](dtype, x.data_ptr(), rows, d, out.data_ptr())
     return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _gated("silu", x)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _gated("gelu_tanh", x)
 
 
 def write_kv_cache(

@@ -11,6 +11,9 @@
 // Per tile: scores of every query against every key it sees (16 keys at a time),
 // a softmax per query, then the weighted sums of the value rows, a few queries at
 // a time so that their sums stay in registers (AVX-512, head size a multiple of 32).
+// With a sliding window a tile reads only the keys its tokens see (those before the
+// window may be in blocks already back in the pool); a logit soft-cap c turns each
+// scaled score s into c * tanh(s / c) before the softmax.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +38,8 @@ constexpr int64_t kTileTokens = 16;
 struct Layout {
   int64_t num_heads, num_kv_heads, head_size, block_size, table_width;
   float scale;
+  int64_t sliding_window;  // 0: every earlier key
+  float logit_softcap;  // 0: none
 };
 
 struct Tile {
@@ -55,22 +60,23 @@ struct Step {
   Layout layout;
 };
 
-// Walks the keys 0..num_keys-1 of the tile's sequence and kv head in order,
-// blocks whole so that no key costs a division. visit(first_key, rows, count):
+// Walks the keys first_key..num_keys-1 of the tile's sequence and kv head in order,
+// a block at a time so that no key costs a division. visit(first_key, rows, count):
 // `count` (at most kRun) consecutive keys whose rows in `cache` start at `rows`
 // and lie row_stride apart.
 constexpr int64_t kRun = 16;
 
 template <typename T, typename C, typename Visit>
-void for_each_run(const Step<T, C>& step, const C* cache, const Tile& tile, int64_t num_keys,
-                  Visit visit) {
+void for_each_run(const Step<T, C>& step, const C* cache, const Tile& tile, int64_t first_key,
+                  int64_t num_keys, Visit visit) {
   const Layout& l = step.layout;
   const int64_t row_stride = l.num_kv_heads * l.head_size;
   const int32_t* table = step.block_tables + tile.seq * l.table_width;
-  for (int64_t first = 0, b = 0; first < num_keys; first += l.block_size, ++b) {
+  int64_t b = first_key / l.block_size;
+  for (int64_t first = b * l.block_size; first < num_keys; first += l.block_size, ++b) {
     const C* block = cache + int64_t(table[b]) * l.block_size * row_stride + tile.kv_head * l.head_size;
     const int64_t rows = std::min(l.block_size, num_keys - first);
-    for (int64_t r = 0; r < rows; r += kRun)
+    for (int64_t r = std::max<int64_t>(0, first_key - first); r < rows; r += kRun)
       visit(first + r, block + r * row_stride, std::min(kRun, rows - r));
   }
 }
@@ -251,6 +257,11 @@ void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratc
   const int64_t tokens = tile.end_token - tile.first_token;
   const int64_t queries = tokens * group;  // query q = token (q / group), head (q % group)
   const int64_t num_keys = first_pos + tokens;  // seen by the tile's last token
+  // The first key a token at `pos` sees; the tile's first token sees the earliest.
+  const int64_t window = l.sliding_window;
+  auto lowest_key = [&](int64_t pos) { return window ? std::max<int64_t>(0, pos - window + 1) : 0; };
+  const int64_t base = lowest_key(first_pos);  // scores hold keys base..num_keys-1
+  const int64_t width = num_keys - base;
   auto query_row = [&](int64_t q) {
     return step.query + (tile.first_token + q / group) * step.query_stride +
            (tile.kv_head * group + q % group) * dim;
@@ -259,34 +270,39 @@ void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratc
     return step.out + ((tile.first_token + q / group) * l.num_heads + tile.kv_head * group + q % group) * dim;
   };
 
-  // Scores of query q against keys 0..num_keys-1, then 1 / (sum of its weights).
-  scratch.resize(size_t(queries * (num_keys + 1)));
+  // Scores of query q against keys base..num_keys-1, then 1 / (sum of its weights).
+  scratch.resize(size_t(queries * (width + 1)));
   float* scores = scratch.data();
-  float* inv_sums = scores + queries * num_keys;
+  float* inv_sums = scores + queries * width;
   const int64_t row_stride = l.num_kv_heads * dim;
   RowMath<kDim> math(dim, row_stride);
 
-  for_each_run(step, step.key_cache, tile, num_keys, [&](int64_t first_key, const C* rows, int64_t count) {
+  for_each_run(step, step.key_cache, tile, base, num_keys, [&](int64_t first_key, const C* rows, int64_t count) {
     // The same rows of V are read after the softmax: asked for now, they are in cache
     // by then (20% off a decode step's attention here).
     prefetch_rows(step.value_cache + (rows - step.key_cache), count, row_stride, dim);
     // The run is seen by the tile's queries from (first_key - first_pos) * group on.
     for (int64_t q = std::max<int64_t>(0, first_key - first_pos) * group; q < queries; ++q)
-      math.scores(query_row(q), rows, count, l.scale, scores + q * num_keys + first_key);
+      math.scores(query_row(q), rows, count, l.scale, scores + q * width + (first_key - base));
   });
 
-  // Softmax per query: scores become unnormalised weights, zero past its position.
+  // Softmax per query: scores become unnormalised weights, zero outside its window.
+  const float cap = l.logit_softcap;
   for (int64_t q = 0; q < queries; ++q) {
-    float* s = scores + q * num_keys;
-    const int64_t seen = first_pos + q / group + 1;
-    float max = s[0];
-    for (int64_t key = 1; key < seen; ++key) max = std::max(max, s[key]);
+    float* s = scores + q * width;
+    const int64_t pos = first_pos + q / group;
+    const int64_t lo = lowest_key(pos) - base, seen = pos + 1 - base;
+    if (cap != 0.f)
+      for (int64_t key = lo; key < seen; ++key) s[key] = cap * std::tanh(s[key] / cap);
+    float max = s[lo];
+    for (int64_t key = lo + 1; key < seen; ++key) max = std::max(max, s[key]);
     float sum = 0.f;
-    for (int64_t key = 0; key < seen; ++key) {
+    for (int64_t key = lo; key < seen; ++key) {
       s[key] = std::exp(s[key] - max);
       sum += s[key];
     }
-    std::fill(s + seen, s + num_keys, 0.f);
+    std::fill(s, s + lo, 0.f);
+    std::fill(s + seen, s + width, 0.f);
     inv_sums[q] = 1.f / sum;
   }
 
@@ -294,9 +310,10 @@ void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratc
   for (int64_t first = 0; first < queries; first += math.kQueries) {
     const int64_t n = std::min<int64_t>(math.kQueries, queries - first);
     const int64_t keys = first_pos + (first + n - 1) / group + 1;  // seen by the last of them
+    const int64_t from = lowest_key(first_pos + first / group);  // by the first of them
     math.clear();
-    for_each_run(step, step.value_cache, tile, keys, [&](int64_t first_key, const C* rows, int64_t count) {
-      math.add(scores + first * num_keys + first_key, num_keys, n, rows, count);
+    for_each_run(step, step.value_cache, tile, from, keys, [&](int64_t first_key, const C* rows, int64_t count) {
+      math.add(scores + first * width + (first_key - base), width, n, rows, count);
     });
     for (int64_t i = 0; i < n; ++i) math.store_scaled(i, inv_sums[first + i], out_row(first + i));
   }
@@ -332,8 +349,10 @@ void run(const Step<T, C>& step, int64_t num_seqs) {
       const T* query, int64_t query_stride, const C* key_cache, const C* value_cache,           \
       const int32_t* block_tables, const int64_t* seq_lens, const int64_t* query_start_loc,     \
       int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,             \
-      int64_t block_size, int64_t table_width, float scale, T* out) {                           \
-    const Layout layout{num_heads, num_kv_heads, head_size, block_size, table_width, scale};    \
+      int64_t block_size, int64_t table_width, float scale, int64_t sliding_window,             \
+      float logit_softcap, T* out) {                                                            \
+    const Layout layout{num_heads,   num_kv_heads, head_size,     block_size,                   \
+                        table_width, scale,        sliding_window, logit_softcap};              \
     const Step<T, C> step{query,    query_stride,    key_cache, value_cache, block_tables,      \
                           seq_lens, query_start_loc, out,       layout};                        \
     run(step, num_seqs);                                                                        \

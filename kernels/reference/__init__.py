@@ -1,7 +1,7 @@
 """Pure-torch reference implementations: the oracle every other implementation is
 tested against, and the fallback where neither the native nor the Triton ops run."""
 
-from kernels.reference.activation import silu_and_mul
+from kernels.reference.activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.reference.attention import paged_attention
 from kernels.reference.cache import write_kv_cache
 from kernels.reference.norm import rms_norm
@@ -10,6 +10,7 @@ from kernels.reference.rotary import rotary_embedding
 
 __all__ = [
     "dequantize",
+    "gelu_tanh_and_mul",
     "paged_attention",
     "quantized_linear",
     "rms_norm",

@@ -8,8 +8,14 @@ Layout of one step (``query_start_loc`` = [0, 3, 4, 5]):
 Query token r of a sequence with q_len new tokens and ctx cached tokens (the
 new ones included) sits at position ctx - q_len + r and sees keys 0..that.
 
-Single-token decodes are gathered into one batched SDPA call; sequences with
-several new tokens (prefill chunks) run one SDPA call each. The math runs in
+With a sliding window of W, that query sees only the last W of those keys
+(``position - W < key <= position``, as transformers masks Mistral's and Gemma's
+local layers); a key before the window is never read, so its block may already
+be back in the pool. With a logit soft-cap c, each scaled score s becomes
+``c * tanh(s / c)`` before the softmax (Gemma 2).
+
+Single-token decodes are gathered into one batched call; sequences with
+several new tokens (prefill chunks) run one call each. The math runs in
 fp32 whatever the cache dtype: it is the accuracy we want, and on CPUs
 without native bf16 SDPA kernels it is also several times faster.
 """
@@ -30,6 +36,36 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     return gathered.view(n, blocks * block_size, kv_heads, head).transpose(1, 2)
 
 
+def _only_visible(
+    k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V zeroed at the keys no query sees (``seen`` [n, 1, keys]): those before a
+    sliding window may be in blocks already back in the pool, holding anything."""
+    hidden = ~seen[..., None]
+    return k.masked_fill(hidden, 0.0), v.masked_fill(hidden, 0.0)
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    logit_softcap: float,
+) -> torch.Tensor:
+    """Attention of q [n, heads, q_len, head] over k, v [n, kv_heads, keys, head] where
+    ``visible`` [n, 1, q_len, keys] allows."""
+    if not logit_softcap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=visible, scale=scale, enable_gqa=True
+        )
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) * scale
+    scores = logit_softcap * torch.tanh(scores / logit_softcap)
+    return scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+
+
 def _decode(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -37,22 +73,22 @@ def _decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int,
+    logit_softcap: float,
 ) -> torch.Tensor:
-    """One new token per sequence: a single batched SDPA call, [n, heads, head] out."""
+    """One new token per sequence: a single batched call, [n, heads, head] out."""
     block_size = key_cache.shape[1]
     num_blocks = -(-int(seq_lens.max()) // block_size)
     block_ids = block_tables[:, :num_blocks].long()
     k = _gather(key_cache, block_ids)
     v = _gather(value_cache, block_ids)
-    visible = torch.arange(num_blocks * block_size, device=query.device) < seq_lens[:, None]
-    o = F.scaled_dot_product_attention(
-        query.unsqueeze(2).float(),  # [n, heads, 1, head]
-        k,
-        v,
-        attn_mask=visible[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
-    )
+    keys = torch.arange(num_blocks * block_size, device=query.device)
+    visible = keys < seq_lens[:, None]
+    if sliding_window:
+        visible &= keys >= seq_lens[:, None] - sliding_window
+        k, v = _only_visible(k, v, visible[:, None, :])
+    q = query.unsqueeze(2).float()  # [n, heads, 1, head]
+    o = _attend(q, k, v, visible[:, None, None, :], scale, logit_softcap)
     return o.squeeze(2).to(query.dtype)
 
 
@@ -63,6 +99,8 @@ def _prefill(
     block_table: torch.Tensor,
     ctx_len: int,
     scale: float,
+    sliding_window: int,
+    logit_softcap: float,
 ) -> torch.Tensor:
     """Several new tokens of one sequence, the last ``q_len`` of its ``ctx_len``."""
     q_len = query.shape[0]
@@ -71,13 +109,16 @@ def _prefill(
     k = _gather(key_cache, block_ids)[:, :, :ctx_len]
     v = _gather(value_cache, block_ids)[:, :, :ctx_len]
     q = query.transpose(0, 1).unsqueeze(0).float()
-    if ctx_len == q_len:
+    if ctx_len == q_len and not sliding_window and not logit_softcap:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
         key_pos = torch.arange(ctx_len, device=query.device)
         query_pos = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
         mask = key_pos[None, :] <= query_pos[:, None]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        if sliding_window:
+            mask &= key_pos[None, :] > query_pos[:, None] - sliding_window
+            k, v = _only_visible(k, v, mask.any(dim=0)[None, None])
+        o = _attend(q, k, v, mask[None, None], scale, logit_softcap)
     return o.squeeze(0).transpose(0, 1).to(query.dtype)
 
 
@@ -89,6 +130,8 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged context.
 
@@ -98,10 +141,13 @@ def paged_attention(
     seq_lens: [num_seqs] cached tokens per sequence, this step's included
     query_start_loc: [num_seqs + 1] offsets of each sequence's tokens in query
     returns [num_tokens, num_heads, head_size]
+    sliding_window: each token sees its last this many positions (0: all)
+    logit_softcap: scores capped by c * tanh(s / c) (0: none)
     Every sequence has at least one new token.
     """
+    window = (sliding_window, logit_softcap)
     if query.shape[0] == block_tables.shape[0]:  # one token per sequence: a pure decode step
-        return _decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+        return _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, *window)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -111,7 +157,13 @@ def paged_attention(
         rows = torch.tensor(decodes, dtype=torch.long, device=query.device)
         tokens = query_start_loc[rows].long()
         out[tokens] = _decode(
-            query[tokens], key_cache, value_cache, block_tables[rows], seq_lens[rows], scale
+            query[tokens],
+            key_cache,
+            value_cache,
+            block_tables[rows],
+            seq_lens[rows],
+            scale,
+            *window,
         )
     for i, q_len in enumerate(q_lens):
         if q_len > 1:
@@ -122,5 +174,6 @@ def paged_attention(
                 block_tables[i],
                 lens[i],
                 scale,
+                *window,
             )
     return out

@@ -12,6 +12,9 @@ owns ``cdiv(q_len, BLOCK_Q)`` consecutive program ids, which the search
 recovers from ``query_start_loc[i] // BLOCK_Q + i``. K/V are read in tiles of
 TILE_N positions through the block table, whatever the block size, with an
 online softmax (running max and sum, no score matrix in memory) in fp32.
+With a sliding window the walk starts at the first key the program's first token
+sees (earlier blocks may be back in the pool); a logit soft-cap c turns each
+scaled score s into c * tanh(s / c).
 """
 
 import torch
@@ -50,6 +53,8 @@ def _paged_attention_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_bt,
+    SLIDING_WINDOW: tl.constexpr,
+    LOGIT_SOFTCAP: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -93,9 +98,15 @@ def _paged_attention_kernel(
     # The last row of this program sees keys up to its own position.
     last_q = tl.minimum(q_len, (q_block + 1) * BLOCK_Q) - 1
     kv_end = context_before + last_q + 1
-    for tile_start in range(0, kv_end, TILE_N):
+    kv_start = 0
+    if SLIDING_WINDOW > 0:  # the first key the program's first token sees, tile-aligned
+        first_pos = context_before + q_block * BLOCK_Q
+        kv_start = tl.maximum(first_pos - SLIDING_WINDOW + 1, 0) // TILE_N * TILE_N
+    for tile_start in range(kv_start, kv_end, TILE_N):
         kv_pos = tile_start + tl.arange(0, TILE_N)
         kv_valid = kv_pos < kv_end
+        if SLIDING_WINDOW > 0:
+            kv_valid = kv_valid & (kv_pos > context_before + q_block * BLOCK_Q - SLIDING_WINDOW)
         block = tl.load(
             block_tables_ptr + seq * stride_bt + kv_pos // BLOCK_SIZE, mask=kv_valid, other=0
         ).to(tl.int64)
@@ -113,7 +124,11 @@ def _paged_attention_kernel(
         elif WIDEN_KV:  # an fp8 cache: its values in the query's dtype for the dot
             k = k.to(q.dtype)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION).to(tl.float32) * scale  # [M, N]
+        if LOGIT_SOFTCAP > 0:  # c * tanh(s / c), tanh written with exp
+            scores = LOGIT_SOFTCAP * (1.0 - 2.0 / (tl.exp(2.0 * scores / LOGIT_SOFTCAP) + 1.0))
         visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_valid[None, :] & row_valid[:, None]
+        if SLIDING_WINDOW > 0:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)
         scores = tl.where(visible, scores, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -160,6 +175,8 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
 ) -> torch.Tensor:
     """Same contract as ``kernels.reference.paged_attention``."""
     num_tokens, num_heads, head_size = query.shape
@@ -186,6 +203,8 @@ def paged_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
+        SLIDING_WINDOW=sliding_window,
+        LOGIT_SOFTCAP=float(logit_softcap),
         HEAD_SIZE=head_size,
         HEAD_PAD=triton.next_power_of_2(head_size),
         BLOCK_SIZE=block_size,

@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass
@@ -75,21 +74,38 @@ def make_case(
     )
 
 
-def dense_attention(case: PagedCase) -> torch.Tensor:
-    """SDPA on each sequence's dense K/V with a causal mask offset to its context."""
+def dense_attention(
+    case: PagedCase, sliding_window: int = 0, logit_softcap: float = 0.0
+) -> torch.Tensor:
+    """Each sequence's attention over its dense K/V, written out as transformers writes
+    it: scaled scores, soft-capped, masked causally (and to the window), softmax."""
     out = torch.empty_like(case.query)
     starts = case.query_start_loc.tolist()
     for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
-        q = case.query[starts[i] : starts[i + 1]].float()
-        q_len, ctx = q.shape[0], k.shape[0]
-        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - q_len, ctx)[:, None]
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            k.float().transpose(0, 1),
-            v.float().transpose(0, 1),
-            attn_mask=mask,
-            scale=case.scale,
-            enable_gqa=True,
-        )
+        q = case.query[starts[i] : starts[i + 1]].float().transpose(0, 1)
+        q_len, ctx = q.shape[1], k.shape[0]
+        group = q.shape[0] // k.shape[1]
+        k = k.float().transpose(0, 1).repeat_interleave(group, dim=0)
+        v = v.float().transpose(0, 1).repeat_interleave(group, dim=0)
+        scores = q @ k.transpose(-1, -2) * case.scale
+        if logit_softcap:
+            scores = logit_softcap * torch.tanh(scores / logit_softcap)
+        key_pos, query_pos = torch.arange(ctx)[None, :], torch.arange(ctx - q_len, ctx)[:, None]
+        mask = key_pos <= query_pos
+        if sliding_window:
+            mask &= key_pos > query_pos - sliding_window
+        o = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
         out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
     return out
+
+
+def poison_before_window(case: PagedCase, sliding_window: int) -> None:
+    """NaN in every block of a sequence that lies wholly before the first key any of its
+    new tokens sees: blocks a sliding window has given back to the pool."""
+    block_size = case.key_cache.shape[1]
+    q_lens = (case.query_start_loc[1:] - case.query_start_loc[:-1]).tolist()
+    for seq, (q_len, ctx) in enumerate(zip(q_lens, case.seq_lens.tolist(), strict=True)):
+        first_seen = max(0, ctx - q_len - sliding_window + 1)
+        for block in case.block_tables[seq, : first_seen // block_size].tolist():
+            case.key_cache[block] = float("nan")
+            case.value_cache[block] = float("nan")

@@ -17,7 +17,7 @@ from kernels import dispatch, native, reference
 from kernels.native import build
 from kernels.native.linear import PackedBf16Weight, bf16_linear, bf16_linear_available
 from tests.kernels.native_builds import run_built_for
-from tests.kernels.paged_cases import dense_attention, make_case
+from tests.kernels.paged_cases import dense_attention, make_case, poison_before_window
 
 if not dispatch._native_builds():
     pytest.skip("no C++ compiler builds the native kernels here", allow_module_level=True)
@@ -68,6 +68,26 @@ def test_paged_attention_of_a_pure_decode_batch(dtype) -> None:
     _close(native.paged_attention(*case.kernel_tensors(), case.scale), dense_attention(case), dtype)
 
 
+WINDOW_SHAPES = [(1, 70), (40, 40), (9, 61), (1, 33), (1, 5), (20, 50)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_size", [64, 80])
+@pytest.mark.parametrize(("sliding_window", "logit_softcap"), [(13, 0.0), (0, 5.0), (16, 3.0)])
+def test_paged_attention_with_windows_and_soft_caps(
+    dtype, head_size, sliding_window, logit_softcap
+) -> None:
+    """Blocks wholly before a sequence's window hold NaN (back in the pool): never read."""
+    case = make_case(WINDOW_SHAPES, 6, 2, head_size, 8, dtype, seed=5)
+    expected = dense_attention(case, sliding_window, logit_softcap)
+    if sliding_window:
+        poison_before_window(case, sliding_window)
+    actual = native.paged_attention(
+        *case.kernel_tensors(), case.scale, sliding_window, logit_softcap
+    )
+    _close(actual, expected, dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm(dtype, with_residual) -> None:
@@ -101,9 +121,10 @@ def test_rotary_embedding_on_views_of_fused_qkv(dtype, is_neox, rotary_dim) -> N
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul(dtype) -> None:
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul"])
+def test_gated_activations(dtype, op) -> None:
     x = torch.randn(6, 2 * 40, generator=torch.Generator().manual_seed(3)).to(dtype)
-    _close(native.silu_and_mul(x), reference.silu_and_mul(x), dtype)
+    _close(getattr(native, op)(x), getattr(reference, op)(x), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -187,7 +208,7 @@ BASELINE_CHECK = """
 import torch
 from kernels import native
 from kernels.native.linear import bf16_linear_available
-from tests.kernels.paged_cases import dense_attention, make_case
+from tests.kernels.paged_cases import dense_attention, make_case, poison_before_window
 from tests.kernels.quantized_cases import check_native_against_reference
 
 assert not bf16_linear_available()

@@ -7,7 +7,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from kernels import reference
-from tests.kernels.paged_cases import dense_attention, make_case
+from tests.kernels.paged_cases import dense_attention, make_case, poison_before_window
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -26,6 +26,35 @@ def test_paged_attention_matches_dense(dtype, heads, kv_heads, block_size, shape
     out = reference.paged_attention(*case.kernel_tensors(), case.scale)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), dense_attention(case).float(), atol=tol, rtol=tol)
+
+
+# (new tokens, context) with contexts past the windows below: a long prefill, chunks
+# over a cached prefix that straddle the window, decodes far past it.
+WINDOW_SHAPES = [(1, 70), (40, 40), (9, 61), (1, 33), (1, 5), (20, 50)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("sliding_window", "logit_softcap"), [(13, 0.0), (0, 5.0), (16, 3.0)])
+def test_sliding_windows_and_soft_caps_match_dense(dtype, sliding_window, logit_softcap) -> None:
+    """Blocks wholly before a sequence's window hold NaN (given back to the pool): the
+    window's tokens must never read them."""
+    case = make_case(WINDOW_SHAPES, 6, 2, 64, 8, dtype, seed=3)
+    expected = dense_attention(case, sliding_window, logit_softcap)
+    if sliding_window:
+        poison_before_window(case, sliding_window)
+    out = reference.paged_attention(
+        *case.kernel_tensors(), case.scale, sliding_window, logit_softcap
+    )
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_the_window_and_the_cap_change_the_answer() -> None:
+    case = make_case(WINDOW_SHAPES, 6, 2, 64, 8, torch.float32, seed=3)
+    plain = reference.paged_attention(*case.kernel_tensors(), case.scale)
+    for window, cap in ((13, 0.0), (0, 0.5)):
+        other = reference.paged_attention(*case.kernel_tensors(), case.scale, window, cap)
+        assert not torch.allclose(plain, other, atol=1e-3)
 
 
 def test_write_kv_cache_skips_padding_slots() -> None:
@@ -95,9 +124,11 @@ def test_rotary_gptj_rotates_interleaved_pairs() -> None:
     torch.testing.assert_close(q.view(4, 2), expected)
 
 
-def test_silu_and_mul_is_the_gated_activation() -> None:
+def test_the_gated_activations() -> None:
     x = torch.randn(3, 10)
     torch.testing.assert_close(reference.silu_and_mul(x), F.silu(x[:, :5]) * x[:, 5:])
+    gelu = F.gelu(x[:, :5], approximate="tanh") * x[:, 5:]
+    torch.testing.assert_close(reference.gelu_tanh_and_mul(x), gelu)
 
 
 def test_rope_scaling_configs_build(tmp_path) -> None:

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import reference, triton_ops
-from tests.kernels.paged_cases import dense_attention, make_case
+from tests.kernels.paged_cases import dense_attention, make_case, poison_before_window
 from tests.slow import SLOW
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -58,6 +58,21 @@ def test_paged_attention(heads, kv_heads, head_size, block_size, dtype) -> None:
     actual = triton_ops.paged_attention(*(t.to(DEVICE) for t in tensors), case.scale).cpu()
     _close(actual, expected, dtype)
     _close(actual, dense_attention(case), dtype)
+
+
+WINDOW_SHAPES = [(1, 70), (40, 40), (9, 61), (1, 33), (1, 5), (20, 50)]
+
+
+@pytest.mark.parametrize(("sliding_window", "logit_softcap"), [(13, 0.0), (0, 5.0), (16, 3.0)])
+def test_paged_attention_with_windows_and_soft_caps(sliding_window, logit_softcap) -> None:
+    """Blocks wholly before a sequence's window hold NaN (back in the pool): never read."""
+    case = make_case(WINDOW_SHAPES, 6, 2, 64, 8, torch.float32, seed=5)
+    expected = dense_attention(case, sliding_window, logit_softcap)
+    if sliding_window:
+        poison_before_window(case, sliding_window)
+    tensors = (t.to(DEVICE) for t in case.kernel_tensors())
+    actual = triton_ops.paged_attention(*tensors, case.scale, sliding_window, logit_softcap)
+    _close(actual.cpu(), expected, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -108,6 +123,7 @@ def test_rotary_embedding(dtype, is_neox) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul(dtype) -> None:
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul"])
+def test_gated_activations(dtype, op) -> None:
     x = torch.randn(3, 2 * 1500).to(dtype)  # two column blocks, the second partial
-    _close(triton_ops.silu_and_mul(x.to(DEVICE)).cpu(), reference.silu_and_mul(x), dtype)
+    _close(getattr(triton_ops, op)(x.to(DEVICE)).cpu(), getattr(reference, op)(x), dtype)

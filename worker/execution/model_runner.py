@@ -14,7 +14,7 @@ from worker.engine.sequence import Sequence
 from worker.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from worker.execution.kv_sizing import GIB, DeviceMemory, blocks_from_budget, gpu_blocks
 from worker.execution.step_buffers import Query, StepBuffers
-from worker.models.llama import LlamaForCausalLM, head_dim_of
+from worker.models.decoder import CausalLM
 from worker.models.sharding import TensorParallel
 
 if TYPE_CHECKING:
@@ -23,14 +23,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("genfleet.engine")
 
 
-def kv_heads_of(model: LlamaForCausalLM) -> int:
+def kv_heads_of(model: CausalLM) -> int:
     """The KV heads this process's cache holds (its rank's, under tensor parallelism)."""
     return model.model.attentions()[0].num_kv_heads
 
 
-def kv_bytes_per_block(model: LlamaForCausalLM, config: EngineConfig) -> int:
+def kv_bytes_per_block(model: CausalLM, config: EngineConfig) -> int:
     hf = model.config
-    per_token = 2 * hf.num_hidden_layers * kv_heads_of(model) * head_dim_of(hf)
+    per_token = 2 * hf.num_hidden_layers * kv_heads_of(model) * model.traits.head_dim
     return per_token * config.block_size * config.cache_torch_dtype.itemsize
 
 
@@ -66,7 +66,7 @@ class ModelRunner:
     def __init__(
         self,
         config: EngineConfig,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         max_model_len: int,
         shared_bytes_per_block: int = 0,
         extra_rows: int = 0,
@@ -160,7 +160,7 @@ class ModelRunner:
             self.num_blocks + 1,  # the last: scratch for a padded decode's padding rows
             self.config.block_size,
             kv_heads_of(self.model),
-            head_dim_of(hf),
+            self.model.traits.head_dim,
         )
         self.kv_cache = torch.zeros(shape, dtype=self.config.cache_torch_dtype, device=self.device)
         self.buffers.scratch_block = self.num_blocks

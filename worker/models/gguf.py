@@ -33,10 +33,10 @@ from gguf import (
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
+from worker.models.decoder import CausalLM
 from worker.models.fused import checkpoint_parts
 from worker.models.layers import Embedding
 from worker.models.linear import Linear
-from worker.models.llama import LlamaForCausalLM
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")
@@ -172,13 +172,13 @@ def _checkpoint_modules(config: PretrainedConfig) -> list[str]:
 
 def load_gguf_model(
     path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel
-) -> tuple[LlamaForCausalLM, dict[str, torch.Tensor]]:
+) -> tuple[CausalLM, dict[str, torch.Tensor]]:
     """The model (this rank's shard of it) with its quantized projections in place, and
     the float tensors that remain to be copied in (by the caller, as from a
     safetensors checkpoint; whole: the caller takes this rank's part)."""
     config = load_gguf_config(path)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, tp)  # an unsupported architecture stops here
+        model = CausalLM(config, tp)  # an unsupported architecture stops here
     checkpoint = _Checkpoint(read_gguf(path), config, tp)
     for name, module in model.named_modules():
         if isinstance(module, Linear):

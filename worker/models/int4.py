@@ -26,9 +26,9 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels.quantized_weight import QuantizedWeight
+from worker.models.decoder import CausalLM
 from worker.models.fused import checkpoint_parts
 from worker.models.linear import Linear
-from worker.models.llama import LlamaForCausalLM
 from worker.models.sharding import Split
 
 BLOCK = 32  # Q4_1's block of inputs
@@ -148,7 +148,7 @@ def load_int4(
 
 
 def use_int4(
-    model: LlamaForCausalLM,
+    model: CausalLM,
     scheme: Int4Scheme,
     tensors: Iterable[tuple[str, torch.Tensor]],
     device: torch.device,

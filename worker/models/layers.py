@@ -1,14 +1,15 @@
-"""Layers every model family is built from: norms and token embeddings."""
+"""Layers every model family is built from: norms, gated MLPs and token embeddings."""
 
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from kernels import dequantize, rms_norm
+from kernels import dequantize, gelu_tanh_and_mul, rms_norm, silu_and_mul
 from kernels.quantized_weight import QuantizedWeight
 from worker.models.linear import Linear
 from worker.models.sharding import TensorParallel
+from worker.models.traits import Activation
 
 if TYPE_CHECKING:
     from kernels import PackedWeight
@@ -24,6 +25,26 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return rms_norm(x, self.weight, self.eps, residual)
+
+
+GATED_ACTIVATIONS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+
+
+class MLP(nn.Module):
+    """The gated MLP: down(act(gate(x)) * up(x)), gate and up fused in one projection."""
+
+    def __init__(
+        self, hidden: int, intermediate: int, bias: bool, activation: Activation, tp: TensorParallel
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        size = tp.split(intermediate, "intermediate features")
+        self.gate_up_proj = Linear(hidden, 2 * size, bias)
+        self.down_proj = Linear(size, hidden, bias)
+        self.act_and_mul = GATED_ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x))))
 
 
 class Embedding(nn.Embedding):

@@ -10,12 +10,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from worker.models.decoder import CausalLM
 from worker.models.fused import FUSED_SHARDS
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
 from worker.models.int4 import SUFFIXES as INT4_SUFFIXES
 from worker.models.int4 import int4_scheme, use_int4
 from worker.models.linear import NEVER
-from worker.models.llama import LlamaForCausalLM
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")
@@ -43,7 +43,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise ValueError(f"model folder {str(folder)!r} has no safetensors weights")
 
 
-def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
+def _shard_sizes(model: CausalLM, fused: str) -> list[int]:
     attn = model.model.attentions()[0]
     if fused == "qkv_proj":
         return [attn.q_size, attn.kv_size, attn.kv_size]
@@ -52,7 +52,7 @@ def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
 
 
 def _target(
-    model: LlamaForCausalLM, params: Mapping[str, torch.Tensor], name: str
+    model: CausalLM, params: Mapping[str, torch.Tensor], name: str
 ) -> tuple[str, torch.Tensor] | None:
     """The parameter (or the slice of a fused one) that checkpoint tensor ``name`` fills."""
     if name.endswith(IGNORED_SUFFIXES):
@@ -75,7 +75,7 @@ def _target(
     return name, params[name]
 
 
-def _vocab_padding(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def _vocab_padding(model: CausalLM) -> dict[str, torch.Tensor]:
     """The rows of the vocabulary-split parameters that hold no token on this rank."""
     _, rows, real = model.tp.vocab_rows(model.config.vocab_size)
     names = ["model.embed_tokens.weight"]
@@ -109,33 +109,8 @@ def _rank_parts(
         yield name, tensor if split is None else split.take(tensor)
 
 
-def load_model(
-    path: str | Path,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_positions: int,
-    tp: TensorParallel | None = None,
-    dense_weights_bytes: int = 0,
-) -> LlamaForCausalLM:
-    """The model of a Hugging Face folder or a GGUF file, ready to run on ``device``;
-    with ``tp``, this rank's shard of it; on a CPU, quantized projections also
-    de-quantized within ``dense_weights_bytes`` where that is faster for many rows."""
-    path = Path(path)
-    tp = tp or TensorParallel()
-    tensors: Iterator[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
-    if is_gguf_file(path):
-        model, float_tensors = load_gguf_model(path, dtype, device, tp)
-        tensors = _rank_parts(float_tensors, tp, model.config)
-    else:
-        config = load_config(path)
-        scheme = int4_scheme(config)  # a GPTQ / AWQ checkpoint, or None
-        with torch.device("meta"):
-            model = LlamaForCausalLM(config, tp)
-        tensors = _safetensors_tensors(path, tp, config)
-        if scheme is not None:
-            tensors = use_int4(model, scheme, tensors, device)
-            log.info("%s: projections as Q4_1 blocks", scheme.name)
-    model = model.to_empty(device=device).to(dtype)
+def _fill(model: CausalLM, tensors: Iterator[tuple[str, torch.Tensor]], path: Path) -> None:
+    """Every parameter from the checkpoint's tensors; ValueError naming what is missing."""
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements written per parameter
     with torch.no_grad():
@@ -153,6 +128,38 @@ def load_model(
     missing = [name for name, count in filled.items() if count < params[name].numel()]
     if missing:
         raise ValueError(f"checkpoint in {str(path)!r} lacks weights: {missing[:5]}")
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    tp: TensorParallel | None = None,
+    dense_weights_bytes: int = 0,
+) -> CausalLM:
+    """The model of a Hugging Face folder or a GGUF file, ready to run on ``device``;
+    with ``tp``, this rank's shard of it; on a CPU, quantized projections also
+    de-quantized within ``dense_weights_bytes`` where that is faster for many rows."""
+    path = Path(path)
+    tp = tp or TensorParallel()
+    tensors: Iterator[tuple[str, torch.Tensor]]
+    if is_gguf_file(path):
+        model, float_tensors = load_gguf_model(path, dtype, device, tp)
+        tensors = _rank_parts(float_tensors, tp, model.config)
+    else:
+        config = load_config(path)
+        scheme = int4_scheme(config)  # a GPTQ / AWQ checkpoint, or None
+        with torch.device("meta"):
+            model = CausalLM(config, tp)
+        tensors = _safetensors_tensors(path, tp, config)
+        if scheme is not None:
+            tensors = use_int4(model, scheme, tensors, device)
+            log.info("%s: projections as Q4_1 blocks", scheme.name)
+    model = model.to_empty(device=device).to(dtype)
+    _fill(model, tensors, path)
+    if not is_gguf_file(path):  # a GGUF's norms hold their offset already
+        model.fold_norm_offsets()
     model.init_rope_cache(max_positions, device)
     for part, forms in model.pack_weights(dense_weights_bytes).items():
         if forms.block_layers:

@@ -29,14 +29,14 @@ from worker.engine.sequence import Sequence
 from worker.execution.model_runner import ModelRunner, max_step_seqs
 from worker.execution.step_buffers import Query
 from worker.model_fetch import resolve_model
-from worker.models.llama import LlamaForCausalLM
+from worker.models.decoder import CausalLM
 from worker.models.loader import load_model
 from worker.spec_decode.proposers import draft_room, is_decoding, keep_to_grammar, speculation_off
 
 
 def load_draft_model(
     config: EngineConfig, max_model_len: int, vocab_size: int
-) -> tuple[LlamaForCausalLM, Path]:
+) -> tuple[CausalLM, Path]:
     """The draft model of ``config.speculative_config``, in the engine's dtype and device;
     ValueError when its vocabulary is not the target's."""
     spec = config.speculative_config
@@ -57,7 +57,7 @@ class DraftModelProposer:
         self,
         spec: SpeculativeConfig,
         config: EngineConfig,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         block_manager: BlockManager,
         reserved_blocks: int,
         max_model_len: int,

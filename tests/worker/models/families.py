@@ -1,0 +1,67 @@
+"""A tiny random config of every supported family beyond the Llama kinds of
+``tests/conftest.py``, each with what sets it apart turned on."""
+
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+)
+
+# Shorter than most test prompts (up to 90 tokens, plus the outputs).
+WINDOW = 24
+GEMMA = {
+    "head_dim": 16,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": WINDOW,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "tie_word_embeddings": True,
+}
+FAMILY_MODELS: dict[str, tuple[type, type, dict]] = {
+    "mistral-window": (MistralConfig, MistralForCausalLM, {"sliding_window": WINDOW}),
+    "qwen2-window": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        # Layers from max_window_layers on slide: the first is full, the second slides.
+        {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    ),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32, "tie_word_embeddings": True}),
+    "gemma2": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        {**GEMMA, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0},
+    ),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, GEMMA),
+    "phi3": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        {"partial_rotary_factor": 0.5, "tie_word_embeddings": False, "pad_token_id": 0},
+    ),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {"tie_word_embeddings": False}),
+    "granite": (
+        GraniteConfig,
+        GraniteForCausalLM,
+        {
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.2,
+            "logits_scaling": 0.5,
+        },
+    ),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {"no_rope_layers": [1, 0]}),
+}
+FAMILY_KINDS = tuple(FAMILY_MODELS)
