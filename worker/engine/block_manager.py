@@ -13,7 +13,9 @@ Free queue order (front is taken first):
     [ freed blocks without a hash | cached blocks, least recently freed first ]
 
 A finished sequence frees its blocks tail first, so the end of a prompt is
-evicted before its beginning, which other prompts are likelier to share.
+evicted before its beginning, which other prompts are likelier to share. A sequence of
+a model whose every layer slides gives back the blocks wholly before its window as it
+goes (``release_before``), so a long generation holds a bounded number of blocks.
 """
 
 import hashlib
@@ -169,12 +171,26 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks, tail first."""
-        for block_id in reversed(seq.block_ids):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_queue[block_id] = None
-                if block.block_hash is None:
-                    self.free_queue.move_to_end(block_id, last=False)
+        for block_id in reversed(seq.block_ids[seq.num_released_blocks :]):
+            self._release(block_id)
         seq.block_ids = []
         seq.num_registered_blocks = 0
+        seq.num_released_blocks = 0
+
+    def release_before(self, seq: Sequence, first_key: int) -> None:
+        """Give back the sequence's blocks that hold only keys before ``first_key``
+        (the first its next token attends to), oldest first."""
+        keep_from = min(max(0, first_key) // self.block_size, len(seq.block_ids))
+        if self.enable_prefix_caching:  # hashed first: registering reads the block later
+            keep_from = min(keep_from, seq.num_registered_blocks)
+        for block_id in seq.block_ids[seq.num_released_blocks : keep_from]:
+            self._release(block_id)
+        seq.num_released_blocks = max(seq.num_released_blocks, keep_from)
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue[block_id] = None
+            if block.block_hash is None:
+                self.free_queue.move_to_end(block_id, last=False)

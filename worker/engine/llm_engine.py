@@ -54,6 +54,13 @@ class LLMEngine:
             self.grammars is not None,
         )
         self.verifier = Verifier(self.block_manager, self.eos_token_ids, self.max_model_len)
+        # Where every layer slides by one window, blocks wholly before it go back to the
+        # pool as a sequence goes on; not with a draft model, whose layers read them.
+        with_draft = (
+            self.config.speculative_config is not None
+            and self.config.speculative_config.method == "draft_model"
+        )
+        self.released_window = 0 if with_draft else self.runner.model.traits.sliding_everywhere
         self.spec_stats = self.verifier.stats
         # Grammar masks: seconds spent and steps that had any (the bench reports the cost).
         self.mask_seconds = 0.0
@@ -188,9 +195,18 @@ class LLMEngine:
                 if finished:
                     self.scheduler.finish(seq)
                 deltas.append(self._delta(seq, [token]))
+        if self.released_window:
+            self._release_before_windows(batch)
         if self.proposer is not None:
             self.proposer.propose(self.scheduler.running)
         return deltas
+
+    def _release_before_windows(self, batch: SchedulerOutput) -> None:
+        """Each running sequence's blocks before the first key its next token sees."""
+        for seq in batch.seqs:
+            if not seq.is_finished:
+                first_key = seq.num_computed_tokens - self.released_window + 1
+                self.block_manager.release_before(seq, first_key)
 
     def _execute(self, batch: SchedulerOutput) -> torch.Tensor:
         if self.ranks is not None:

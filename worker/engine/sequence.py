@@ -43,6 +43,9 @@ class Sequence:
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
+    # The first block_ids given back to the pool: wholly before every layer's sliding
+    # window, never read again (their ids stay, so that positions keep their blocks).
+    num_released_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None

@@ -159,3 +159,13 @@ def test_a_closed_engine_releases_its_ranks_and_a_second_one_starts(tiny_models)
     first.close()  # a second close does nothing
     with LLM(str(folder), device="cpu", tensor_parallel_size=2) as second:
         _greedy_parity(second, hf_model)
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "qwen3"])
+def test_two_ranks_decode_other_families_as_transformers_does(family_models, kind) -> None:
+    """Gemma 2 (sliding and global layers, soft-caps, norms after attention and MLP,
+    GeGLU) and Qwen3 (per-head q/k norms): each rank's heads carry their layer's window,
+    cap and norms."""
+    folder, hf_model = family_models(kind)
+    with LLM(str(folder), device="cpu", tensor_parallel_size=2, max_num_seqs=8) as llm:
+        _greedy_parity(llm, hf_model)

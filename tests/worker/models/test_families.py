@@ -82,3 +82,29 @@ def test_olmo2_refuses_tensor_parallelism_with_its_reason(family_models) -> None
     config = AutoConfig.from_pretrained(folder)
     with pytest.raises(ValueError, match="normalises q and k over all heads"):
         CausalLM(config, TensorParallel(0, 2))
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_blocks_before_the_window_go_back_to_the_pool(family_models, prefix_caching) -> None:
+    """Every layer of this Mistral slides by 24 tokens: over a 150-token generation a
+    sequence holds at most the blocks of its window (and the one being filled), the
+    pool's free count stays up, and the tokens are still transformers'."""
+    folder, hf_model = family_models("mistral-window")
+    prompt = _prompts()[-1]  # 90 tokens
+    expected = hf_greedy(hf_model, prompt, 150)
+    settings = {"block_size": 4, "enable_prefix_caching": prefix_caching}
+    params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
+    with LLM(str(folder), **settings) as llm:
+        engine = llm.engine
+        engine.add_request("long", {"prompt_token_ids": prompt}, params)
+        held, tokens = [], []
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                tokens += delta.new_token_ids
+            seq = engine.requests.get("long")
+            if seq is not None and seq.num_output_tokens > 0:
+                held.append(len(seq.block_ids) - seq.num_released_blocks)
+        assert tokens == expected
+        window_blocks = WINDOW // 4
+        assert max(held) <= window_blocks + 2
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
