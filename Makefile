@@ -30,11 +30,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/genfleet model fetch
-	# Two test processes: much of an integration test is waiting on a broker or a
-	# subprocess (docs/testing.md, "How long the suite takes").
-	$(PY) -m pytest -q -n 2
+	# Four test processes, each taking the next test as it frees (worksteal): much of an
+	# integration test waits on a broker or a process. Types are checked beside them
+	# (mypy takes a core for half a minute); either failing fails the run
+	# (docs/testing.md, "Keeping it short").
+	types=$$(mktemp); $(VENV)/bin/mypy > $$types 2>&1 & mypy=$$!; \
+	$(PY) -m pytest -q -n 4 --dist worksteal; tests=$$?; \
+	wait $$mypy; typed=$$?; cat $$types; rm -f $$types; \
+	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 
 # The fast tier: every test that starts no broker, Redis or fleet process (about 2.5
 # minutes on 2 cores; docs/testing.md). `make test` runs them all.

@@ -74,35 +74,28 @@ void rotate_heads(T* rows, int64_t stride, int64_t heads, const int64_t* positio
   }
 }
 
-// out[t] = silu(x[t, :d]) * x[t, d:]
-template <typename T>
-void silu_and_mul(const T* x, int64_t rows, int64_t d, T* out) {
+// out[t] = act(x[t, :d]) * x[t, d:], act SiLU or Gemma's GeLU (tanh approximation)
+template <typename T, typename Act>
+void gated(const T* x, int64_t rows, int64_t d, T* out, Act act) {
 #pragma omp parallel for if (rows * d >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const T* gate = x + r * 2 * d;
     const T* up = gate + d;
-    for (int64_t c = 0; c < d; ++c) {
-      const float g = to_float(gate[c]);
-      store(g / (1.f + std::exp(-g)) * to_float(up[c]), out + r * d + c);
-    }
+    for (int64_t c = 0; c < d; ++c) store(act(to_float(gate[c])) * to_float(up[c]), out + r * d + c);
   }
 }
 
-// out[t] = gelu_tanh(x[t, :d]) * x[t, d:] (Gemma's GeGLU)
-template <typename T>
-void gelu_tanh_and_mul(const T* x, int64_t rows, int64_t d, T* out) {
-  constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
-#pragma omp parallel for if (rows * d >= kParallelElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* gate = x + r * 2 * d;
-    const T* up = gate + d;
-    for (int64_t c = 0; c < d; ++c) {
-      const float g = to_float(gate[c]);
-      const float gelu = 0.5f * g * (1.f + std::tanh(kAlpha * (g + 0.044715f * g * g * g)));
-      store(gelu * to_float(up[c]), out + r * d + c);
-    }
+// Function objects, not function pointers: the loop above inlines them.
+struct Silu {
+  float operator()(float g) const { return g / (1.f + std::exp(-g)); }
+};
+
+struct GeluTanh {
+  float operator()(float g) const {
+    constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.f + std::tanh(kAlpha * (g + 0.044715f * g * g * g)));
   }
-}
+};
 
 // Copies each token's K and V row (kv_heads * head_size contiguous elements) to
 // its cache slot, rounded to the cache's element type C when it is an fp8 one; a
@@ -147,10 +140,10 @@ void write_kv_cache(const T* key, int64_t key_stride, const T* value, int64_t va
                  rotary_dim, head_size, is_neox != 0);                                         \
   }                                                                                            \
   extern "C" void silu_and_mul_##SUFFIX(const T* x, int64_t rows, int64_t d, T* out) {         \
-    silu_and_mul(x, rows, d, out);                                                             \
+    gated(x, rows, d, out, Silu{});                                                            \
   }                                                                                            \
   extern "C" void gelu_tanh_and_mul_##SUFFIX(const T* x, int64_t rows, int64_t d, T* out) {    \
-    gelu_tanh_and_mul(x, rows, d, out);                                                        \
+    gated(x, rows, d, out, GeluTanh{});                                                        \
   }                                                                                            \
   extern "C" void write_kv_cache_##SUFFIX(const T* key, int64_t key_stride, const T* value,    \
                                           int64_t value_stride, T* key_cache, T* value_cache,  \

@@ -21,7 +21,7 @@ from worker.models.sharding import TensorParallel
 PROMPT_LENGTHS = (3, 17, 40, 64, 90)
 MAX_TOKENS = 16
 TIGHT = {
-    "num_gpu_blocks_override": 40,
+    "num_gpu_blocks_override": 28,
     "block_size": 4,
     "watermark": 0.0,
     "max_num_batched_tokens": 16,
