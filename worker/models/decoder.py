@@ -76,8 +76,12 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
             hidden, _ = self.post_feedforward_layernorm(self.mlp(hidden))
             return hidden, residual
-        hidden, residual = self.post_attention_layernorm(hidden * self.residual_scale, residual)
-        return self.mlp(hidden) * self.residual_scale, residual
+        hidden, residual = self.post_attention_layernorm(self._scaled(hidden), residual)
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        """A residual branch times Granite's multiplier; untouched (no copy) elsewhere."""
+        return branch if self.residual_scale == 1.0 else branch * self.residual_scale
 
 
 class DecoderModel(nn.Module):
