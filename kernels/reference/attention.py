@@ -145,9 +145,9 @@ def paged_attention(
     logit_softcap: scores capped by c * tanh(s / c) (0: none)
     Every sequence has at least one new token.
     """
-    window = (sliding_window, logit_softcap)
+    limits = (sliding_window, logit_softcap)
     if query.shape[0] == block_tables.shape[0]:  # one token per sequence: a pure decode step
-        return _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, *window)
+        return _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, *limits)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -163,7 +163,7 @@ def paged_attention(
             block_tables[rows],
             seq_lens[rows],
             scale,
-            *window,
+            *limits,
         )
     for i, q_len in enumerate(q_lens):
         if q_len > 1:
@@ -174,6 +174,6 @@ def paged_attention(
                 block_tables[i],
                 lens[i],
                 scale,
-                *window,
+                *limits,
             )
     return out

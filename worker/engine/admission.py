@@ -4,13 +4,11 @@ context and the KV cache. Every refusal is a ValueError naming the problem; a
 refused request leaves the engine as it was."""
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from transformers import PreTrainedTokenizerBase
 
 from queue_schemas.sampling import SamplingOptions
 from worker.engine.block_manager import cdiv
-from worker.engine.tokenizer import longest_token_bytes
 
 Prompt = str | list[int] | dict
 
@@ -34,14 +32,9 @@ class Admission:
     usable_blocks: int
     block_size: int
     has_grammars: bool
-
-    @cached_property
-    def max_prompt_bytes(self) -> int | None:
-        """A text longer than this cannot fit the context in tokens (refused before
-        it is tokenized)."""
-        if self.tokenizer is None:
-            return None
-        return self.max_model_len * longest_token_bytes(self.tokenizer)
+    # A text longer than this cannot fit the context in tokens: refused before it is
+    # tokenized (None without a tokenizer).
+    max_prompt_bytes: int | None
 
     def admit(
         self, prompt: Prompt, params: SamplingOptions | None, resumed_token_ids: list[int] | None

@@ -15,6 +15,7 @@ from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.output_processor import append_token, text_ready
 from worker.engine.scheduler import SchedulerOutput
 from worker.engine.sequence import Sequence
+from worker.engine.tokenizer import longest_token_bytes
 from worker.execution.ranks import DEAD_PEER_WAIT_S
 from worker.outputs import RequestDelta, Timings, Usage
 from worker.sampling.sampler import sample
@@ -52,6 +53,11 @@ class LLMEngine:
             self.block_manager.num_blocks - self.scheduler.reserved_blocks,
             self.config.block_size,
             self.grammars is not None,
+            # Measured here, at start (tens of ms over the vocabulary), not on the first
+            # text prompt, where it would hold a step.
+            None
+            if self.tokenizer is None
+            else self.max_model_len * longest_token_bytes(self.tokenizer),
         )
         self.verifier = Verifier(self.block_manager, self.eos_token_ids, self.max_model_len)
         # Where every layer slides by one window, blocks wholly before it go back to the

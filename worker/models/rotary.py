@@ -8,23 +8,23 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
+def _keyed_type(config: PretrainedConfig, layer_type: str | None) -> str | None:
+    """``layer_type`` where the config keeps its rope parameters per layer type
+    (``{"sliding_attention": {...}, "full_attention": {...}}``), else None."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return layer_type if isinstance(params.get(layer_type), dict) else None
+
+
 def rope_parameters(config: PretrainedConfig, layer_type: str | None = None) -> dict:
-    """The rope parameters of the config, or of one layer type where the config keeps
-    them per type (``{"sliding_attention": {...}, "full_attention": {...}}``)."""
+    """The rope parameters of the config, or of one layer type where it keeps them so."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     params = dict(params or {})
-    if layer_type is not None and isinstance(params.get(layer_type), dict):
-        params = dict(params[layer_type])
+    if (keyed := _keyed_type(config, layer_type)) is not None:
+        params = dict(params[keyed])
     params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
     params.setdefault("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     return params
-
-
-def _per_type(config: PretrainedConfig, layer_type: str | None) -> str | None:
-    """The layer type to ask transformers for: only where the config keys rope by type."""
-    params = getattr(config, "rope_parameters", None) or {}
-    return layer_type if isinstance(params.get(layer_type), dict) else None
 
 
 def inverse_frequencies(
@@ -41,7 +41,7 @@ def inverse_frequencies(
         raise ValueError(f"unsupported rope type {rope_type!r}")
     init = ROPE_INIT_FUNCTIONS[rope_type]
     inv_freq, scaling = init(
-        config, torch.device("cpu"), layer_type=_per_type(config, layer_type), **kwargs
+        config, torch.device("cpu"), layer_type=_keyed_type(config, layer_type), **kwargs
     )
     return inv_freq.float(), float(scaling)
 
