@@ -245,10 +245,15 @@ class LLMEngine:
             ),
         )
 
-    def close(self) -> None:
-        """End the tensor-parallel ranks and the grammar thread (once; idempotent)."""
+    def close(self, failed: bool = False) -> None:
+        """End the tensor-parallel ranks and the grammar thread (once; idempotent).
+        After a failed step the followers may wait in a collective rank 0 left:
+        ``failed`` kills them rather than telling them to stop."""
         if self.ranks is not None:
-            self.ranks.stop()
+            if failed:
+                self.ranks.abort()
+            else:
+                self.ranks.stop()
             self.ranks = None
         if self.grammars is not None:
             self.grammars.close()
