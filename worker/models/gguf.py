@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from kernels.quantized_weight import LINEAR_TYPES, QuantizedWeight
 from worker.models.decoder import CausalLM
-from worker.models.fused import checkpoint_parts
+from worker.models.fused import checkpoint_parts, part_rows
 from worker.models.layers import Embedding
 from worker.models.linear import Linear
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
@@ -43,12 +43,13 @@ log = logging.getLogger("genfleet.engine")
 
 # Unfused checkpoint names of the engine's fused projections, in fusing order.
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-# llama.cpp stores these rows in its own rotary order for these architectures.
+# llama.cpp stores these rows in its own rotary order for the architectures its
+# converter writes as Llama's (its LlamaModel and subclasses).
 PERMUTED_ROWS = {
     "self_attn.q_proj": "num_attention_heads",
     "self_attn.k_proj": "num_key_value_heads",
 }
-PERMUTING_ARCHITECTURES = ("llama", "mistral")
+PERMUTING_ARCHITECTURES = ("llama", "mistral", "granite", "smollm3")
 
 
 def is_gguf_file(path: Path) -> bool:
@@ -58,7 +59,13 @@ def is_gguf_file(path: Path) -> bool:
 def load_gguf_config(path: Path) -> PretrainedConfig:
     if (path.parent / "config.json").is_file():
         return AutoConfig.from_pretrained(path.parent, local_files_only=True)
-    return AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    try:
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except ValueError as error:  # an architecture transformers reads no GGUF config of
+        raise ValueError(
+            f"{path.name}: the model's config cannot be read from the file ({error}); "
+            "put the model's config.json beside it"
+        ) from error
 
 
 @cache
@@ -104,28 +111,47 @@ class _Checkpoint:
         name = self.names.get_name(module)
         return None if name is None else self.tensors.get(f"{name}.{suffix}")
 
+    def sources(self, module: str, suffix: str) -> list[tuple[str, ReaderTensor, slice | None]]:
+        """Where engine module ``module``'s checkpoint parts are in the file: each
+        part's own tensor, or rows of one fused tensor (Phi-3's ``attn_qkv``, and
+        ``ffn_up`` holding gate and up); [] when the file lacks any part."""
+        parts = checkpoint_parts(module)
+        found = [(part, self.tensor(part, suffix)) for part in parts]
+        own: list[tuple[str, ReaderTensor, slice | None]] = [
+            (part, tensor, None) for part, tensor in found if tensor is not None
+        ]
+        if len(own) == len(parts):
+            return own
+        fused = self.tensor(module, suffix)
+        rows = part_rows(module, self.config)
+        if fused is None or not rows or rows[-1][1].stop != int(fused.shape[-1]):
+            return []
+        return [(part, fused, part_slice) for part, part_slice in rows]
+
     def _row_order(self, module: str, rows: int) -> torch.Tensor | None:
         if not self.permutes:
             return None
         heads = next((h for part, h in PERMUTED_ROWS.items() if module.endswith(part)), None)
         return None if heads is None else _unpermute(rows, getattr(self.config, heads))
 
+    def _rows(self, module: str, data: torch.Tensor, rows: slice | None) -> torch.Tensor:
+        """``module``'s rows of ``data`` (a part of a fused tensor), in Hugging Face order."""
+        data = data if rows is None else data[rows]
+        order = self._row_order(module, data.shape[0])
+        return data if order is None else data[order]
+
     def quantized(self, module: str) -> QuantizedWeight | None:
         """``module``'s weight (fused from its parts) in blocks, if all parts allow it."""
-        parts = checkpoint_parts(module)
-        found = [self.tensor(part, "weight") for part in parts]
-        tensors = [tensor for tensor in found if tensor is not None]
-        kinds = {tensor.tensor_type for tensor in tensors}
-        if len(tensors) != len(parts) or len(kinds) != 1 or kinds.pop() not in LINEAR_TYPES:
+        sources = self.sources(module, "weight")
+        kinds = {tensor.tensor_type for _, tensor, _ in sources}
+        if not sources or len(kinds) != 1 or kinds.pop() not in LINEAR_TYPES:
             return None
-        ggml_type = GGMLQuantizationType(tensors[0].tensor_type)
+        ggml_type = GGMLQuantizationType(sources[0][1].tensor_type)
         block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
-        in_features = int(tensors[0].shape[0])
+        in_features = int(sources[0][1].shape[0])
         blocks = []
-        for part, tensor in zip(parts, tensors, strict=True):
-            data = torch.from_numpy(np.array(tensor.data))
-            order = self._row_order(part, data.shape[0])
-            data = data if order is None else data[order]
+        for part, tensor, part_slice in sources:
+            data = self._rows(part, torch.from_numpy(np.array(tensor.data)), part_slice)
             # This rank's rows, or whole blocks of each row (tensor parallelism).
             split = self.tp.split_of(f"{part}.weight", [data.shape[0], in_features], self.config)
             if split is not None:
@@ -134,40 +160,31 @@ class _Checkpoint:
             self.used.add(tensor.name)
         data = torch.cat(blocks)
         if module.split(".")[-1] in VOCAB_PARALLEL:  # the last rank's rows past the vocabulary
-            _, rows, _ = self.tp.vocab_rows(self.config.vocab_size)
-            data = torch.cat([data, data.new_zeros(rows - data.shape[0], data.shape[1])])
+            _, padded, _ = self.tp.vocab_rows(self.config.vocab_size)
+            data = torch.cat([data, data.new_zeros(padded - data.shape[0], data.shape[1])])
         in_local = data.shape[1] // block_bytes * block_size
         return QuantizedWeight(ggml_type, data, data.shape[0], in_local)
 
-    def float_tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor not kept in blocks, de-quantized, by its Hugging Face name."""
-        out = {}
-        for module in _checkpoint_modules(self.config):
-            for suffix in ("weight", "bias"):
-                tensor = self.tensor(module, suffix)
-                if tensor is None or tensor.name in self.used:
+    def float_tensors(self, model: CausalLM) -> dict[str, torch.Tensor]:
+        """Every tensor of ``model``'s checkpoint not kept in blocks, de-quantized, by its
+        Hugging Face name (a fused one's parts by theirs)."""
+        out, wholes = {}, {}
+        for name, _ in model.named_parameters():
+            module, _, suffix = name.rpartition(".")
+            for part, tensor, rows in self.sources(module, suffix):
+                if tensor.name in self.used:
                     continue
-                values = dequantize(tensor.data, tensor.tensor_type)
-                shape = [int(size) for size in reversed(tensor.shape)]
-                value = torch.from_numpy(np.array(values, dtype=np.float32))  # a writable copy
-                value = value.reshape(shape)
-                order = self._row_order(module, shape[0])
-                out[f"{module}.{suffix}"] = value if order is None else value[order]
+                if tensor.name not in wholes:  # a fused tensor: once for all its parts
+                    values = dequantize(tensor.data, tensor.tensor_type)
+                    shape = [int(size) for size in reversed(tensor.shape)]
+                    value = torch.from_numpy(np.array(values, dtype=np.float32))  # writable
+                    wholes[tensor.name] = value.reshape(shape)
+                out[f"{part}.{suffix}"] = self._rows(part, wholes[tensor.name], rows)
         return out
 
     def formats(self) -> str:
         counts = Counter(GGMLQuantizationType(t.tensor_type).name for t in self.tensors.values())
         return ", ".join(f"{count} {name}" for name, count in counts.most_common())
-
-
-def _checkpoint_modules(config: PretrainedConfig) -> list[str]:
-    """The Hugging Face module names a Llama-family checkpoint holds."""
-    layer = [
-        "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-    ]  # fmt: skip
-    layers = [f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in layer]
-    return ["model.embed_tokens", *layers, "model.norm", "lm_head"]
 
 
 def load_gguf_model(
@@ -190,4 +207,4 @@ def load_gguf_model(
             if weight is not None:
                 module.use_quantized(weight.to(device), dtype)
     log.info("GGUF %s: %s", path.name, checkpoint.formats())
-    return model, checkpoint.float_tensors()
+    return model, checkpoint.float_tensors(model)

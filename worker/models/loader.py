@@ -11,7 +11,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from worker.models.decoder import CausalLM
-from worker.models.fused import FUSED_SHARDS
+from worker.models.fused import FUSED_SHARDS, part_rows
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
 from worker.models.int4 import SUFFIXES as INT4_SUFFIXES
 from worker.models.int4 import int4_scheme, use_int4
@@ -93,8 +93,15 @@ def _safetensors_tensors(
     for path in safetensors_files(folder):
         with safe_open(path, framework="pt") as checkpoint:
             for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                view = checkpoint.get_slice(name)
+                module, _, suffix = name.rpartition(".")
                 # GPTQ/AWQ's packed tensors are split once re-packed (use_int4).
+                parts = [] if name.endswith(INT4_SUFFIXES) else part_rows(module, config)
+                if parts:  # stored fused (Phi-3): its parts, each as if stored apart
+                    whole = checkpoint.get_tensor(name)
+                    for part, rows in parts:
+                        yield from _rank_parts({f"{part}.{suffix}": whole[rows]}, tp, config)
+                    continue
+                view = checkpoint.get_slice(name)
                 packed = name.endswith(INT4_SUFFIXES)
                 split = None if packed else tp.split_of(name, view.get_shape(), config)
                 yield name, checkpoint.get_tensor(name) if split is None else split.take(view)

@@ -9,12 +9,29 @@ import torch
 from gguf import GGMLQuantizationType
 
 BLOCK = 32
+# model_type -> llama.cpp's architecture name, where they differ.
+ARCHITECTURES = {"gemma3_text": "gemma3"}
+# llama.cpp's converter permutes q and k rows for Llama and its subclasses.
+PERMUTED = ("llama", "mistral", "granite", "smollm3")
+# It stores Gemma's (1 + w) norms with the 1 added.
+NORMS_PLUS_ONE = ("gemma2", "gemma3")
 
 
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's rotary row order for a q or k projection."""
     rows = weight.shape[0]
     return weight.reshape(heads, 2, rows // heads // 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _stored(name: str, values: np.ndarray, config: object, architecture: str) -> np.ndarray:
+    """A tensor as llama.cpp's converter stores it for ``architecture``."""
+    if architecture in PERMUTED and name.endswith("q_proj.weight"):
+        return llama_cpp_permute(values, config.num_attention_heads)
+    if architecture in PERMUTED and name.endswith("k_proj.weight"):
+        return llama_cpp_permute(values, config.num_key_value_heads)
+    if architecture in NORMS_PLUS_ONE and name.endswith("norm.weight"):
+        return values + np.float32(1.0)
+    return values
 
 
 def write_gguf(
@@ -24,13 +41,14 @@ def write_gguf(
     embedding_type: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
     formats: Mapping[str, GGMLQuantizationType] | None = None,
 ) -> Path:
-    """``model`` (a transformers Llama) as a GGUF file: 2-D weights in ``ggml_type`` (the
-    token embedding in ``embedding_type``, any tensor named in ``formats`` in its own),
-    norms in F32."""
+    """``model`` (a transformers model of a family llama.cpp writes) as a GGUF file: 2-D
+    weights in ``ggml_type`` (the token embedding in ``embedding_type``, any tensor
+    named in ``formats`` in its own), norms in F32."""
     path.parent.mkdir(parents=True, exist_ok=True)
     config = model.config
-    head_dim = config.hidden_size // config.num_attention_heads
-    writer = gguf.GGUFWriter(path, "llama")
+    architecture = ARCHITECTURES.get(config.model_type, config.model_type)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer = gguf.GGUFWriter(path, architecture)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -38,19 +56,19 @@ def write_gguf(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' parameters
+    writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
+    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        values = tensor.float().numpy()
-        if name.endswith("q_proj.weight"):
-            values = llama_cpp_permute(values, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            values = llama_cpp_permute(values, config.num_key_value_heads)
+        assert target is not None, f"{architecture}: no GGUF name for {name}"
+        values = _stored(name, tensor.float().numpy(), config, architecture)
         kind = embedding_type if name == "model.embed_tokens.weight" else ggml_type
         kind = (formats or {}).get(name, kind)
         if values.ndim == 2 and kind != GGMLQuantizationType.F32:
