@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from kernels.dispatch import (
     PackedLinear,
     dequantize,
+    fused_experts,
     gelu_tanh_and_mul,
     kernel_backend,
     pack_bf16_weight,
@@ -30,6 +31,7 @@ __all__ = [
     "PackedLinear",
     "PackedWeight",
     "dequantize",
+    "fused_experts",
     "gelu_tanh_and_mul",
     "kernel_backend",
     "pack_bf16_weight",

@@ -144,6 +144,18 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _impl(x.device).gelu_tanh_and_mul(x)
 
 
+def fused_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+) -> torch.Tensor:
+    impl = _impl(x.device)
+    return impl.fused_experts(x, gate_up, down, topk_weights, topk_ids, activation)
+
+
 def quantized_linear(
     x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:

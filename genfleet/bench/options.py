@@ -121,6 +121,12 @@ def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         "a batch of 64",
     )
     parser.add_argument(
+        "--families",
+        action="store_true",
+        help="every supported family at one shape with random weights against Llama at "
+        "that shape: batch-1 decode and burst tokens/s, and their ratios (--dtypes: one)",
+    )
+    parser.add_argument(
         "--conversations",
         action="store_true",
         help="multi-turn chats on two workers: jobs keyed by conversation against keyed "

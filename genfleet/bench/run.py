@@ -124,6 +124,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
         config = EngineConfig(**engine_flags(args)).speculative_config
         return run_speculative(args.model, tokenizer, args.seed, console, config)
+    if args.families:
+        from genfleet.bench.families import run_families
+
+        (dtype,) = _split(args.dtypes or "bfloat16", DTYPES)
+        return run_families(tokenizer, args.seed, dtype, console)
     if args.kv_cache:
         from genfleet.bench.kv_cache import run_kv_cache
 

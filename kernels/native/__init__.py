@@ -5,6 +5,7 @@ layout the library does not take."""
 from kernels.native.attention import paged_attention
 from kernels.native.build import NativeKernelsUnavailable, load_library
 from kernels.native.layer_ops import (
+    fused_experts,
     gelu_tanh_and_mul,
     rms_norm,
     rotary_embedding,
@@ -16,6 +17,7 @@ from kernels.native.quantized import dequantize, quantized_linear
 __all__ = [
     "NativeKernelsUnavailable",
     "dequantize",
+    "fused_experts",
     "gelu_tanh_and_mul",
     "load_library",
     "paged_attention",

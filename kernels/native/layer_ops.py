@@ -9,6 +9,7 @@ import torch
 from kernels import reference
 from kernels.native.build import NativeOp
 from kernels.native.tensors import FP8_FORMATS, native_dtype, row_stride
+from kernels.reference.experts import grouped_experts
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _rms_norm = NativeOp("rms_norm", _P, _I, _P, _I, _P, _I, _I, _F, _P, _P)
@@ -168,3 +169,19 @@ def write_kv_cache(
         num_tokens,
         key.numel() // num_tokens if num_tokens else 0,
     )
+
+
+def fused_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+) -> torch.Tensor:
+    """The reference's grouping (one pair of torch matmuls per active expert) with
+    this library's gated activation."""
+    return grouped_experts(x, gate_up, down, topk_weights, topk_ids, GATED_OPS[activation])
+
+
+GATED_OPS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}

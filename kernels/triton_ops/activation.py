@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.reference.experts import grouped_experts
+
 
 @triton.jit
 def _gated_kernel(
@@ -50,3 +52,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Same contract as ``kernels.reference.gelu_tanh_and_mul``."""
     return _gated(x, gelu_tanh=True)
+
+
+def fused_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+) -> torch.Tensor:
+    """The reference's grouping (one pair of torch matmuls per active expert) with
+    these gated activations."""
+    gated = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
+    return grouped_experts(x, gate_up, down, topk_weights, topk_ids, gated)

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from kernels import reference, triton_ops
 from tests.kernels.paged_cases import dense_attention, make_case, poison_before_window
+from tests.kernels.test_experts import _case as _experts_case
 from tests.slow import SLOW
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -127,3 +128,9 @@ def test_rotary_embedding(dtype, is_neox) -> None:
 def test_gated_activations(dtype, op) -> None:
     x = torch.randn(3, 2 * 1500).to(dtype)  # two column blocks, the second partial
     _close(getattr(triton_ops, op)(x.to(DEVICE)).cpu(), getattr(reference, op)(x), dtype)
+
+
+def test_fused_experts() -> None:
+    case = _experts_case(torch.float32)
+    actual = triton_ops.fused_experts(*(t.to(DEVICE) for t in case), "gelu_tanh").cpu()
+    _close(actual, reference.fused_experts(*case, "gelu_tanh"), torch.float32)

@@ -17,6 +17,7 @@ from worker.models.attention import Attention
 from worker.models.attention_metadata import AttentionMetadata
 from worker.models.layers import MLP, Embedding, RMSNorm
 from worker.models.linear import BlockForms, Linear, choose_block_forms
+from worker.models.moe import SparseMoE
 from worker.models.registry import family_of
 from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
@@ -32,8 +33,12 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = Attention(config, traits, index, tp)
-        mlp_bias, activation = traits.mlp_bias, traits.activation
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, mlp_bias, activation, tp)
+        mlp_bias, activation, moe = traits.mlp_bias, traits.activation, traits.moe
+        self.mlp: MLP | SparseMoE
+        if moe is not None and index in moe.sparse_layers:
+            self.mlp = SparseMoE(config.hidden_size, moe, activation, tp)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, mlp_bias, activation, tp)
         self.norms = traits.norms
         size, eps = config.hidden_size, config.rms_norm_eps
         # Named as the checkpoints name them. Llama's post_attention_layernorm is the

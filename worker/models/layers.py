@@ -44,7 +44,11 @@ class MLP(nn.Module):
         self.act_and_mul = GATED_ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x))))
+        return self.tp.all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the ranks' shares are summed."""
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class Embedding(nn.Embedding):

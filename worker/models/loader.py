@@ -16,6 +16,7 @@ from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
 from worker.models.int4 import SUFFIXES as INT4_SUFFIXES
 from worker.models.int4 import int4_scheme, use_int4
 from worker.models.linear import NEVER
+from worker.models.registry import family_of
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")
@@ -60,6 +61,9 @@ def _target(
     if name == "lm_head.weight" and model.tie_word_embeddings:
         return None
     parts = name.split(".")
+    expert = _expert_target(params, parts)
+    if expert is not None:
+        return expert
     for i, part in enumerate(parts):
         if part in FUSED_SHARDS:
             fused, shard = FUSED_SHARDS[part]
@@ -75,6 +79,28 @@ def _target(
     return name, params[name]
 
 
+def _expert_target(
+    params: Mapping[str, torch.Tensor], parts: list[str]
+) -> tuple[str, torch.Tensor] | None:
+    """Expert e's projection (``...experts.{e}.gate_proj.weight``): its place in the
+    experts' stacked parameter, gate and up fused; None for any other tensor."""
+    if "experts" not in parts:
+        return None
+    i = parts.index("experts")
+    if i + 2 >= len(parts) or not parts[i + 1].isdigit():
+        return None
+    expert, projection = int(parts[i + 1]), parts[i + 2]
+    fused, shard = FUSED_SHARDS.get(projection, (projection, 0))
+    stacked = ".".join([*parts[: i + 1], fused])
+    if stacked not in params:
+        raise ValueError(f"checkpoint tensor {'.'.join(parts)!r} has no place in the model")
+    rows = params[stacked][expert]
+    if fused == "gate_up_proj":
+        size = rows.shape[0] // 2
+        rows = rows[shard * size : (shard + 1) * size]
+    return stacked, rows
+
+
 def _vocab_padding(model: CausalLM) -> dict[str, torch.Tensor]:
     """The rows of the vocabulary-split parameters that hold no token on this rank."""
     _, rows, real = model.tp.vocab_rows(model.config.vocab_size)
@@ -88,23 +114,25 @@ def _vocab_padding(model: CausalLM) -> dict[str, torch.Tensor]:
 def _safetensors_tensors(
     folder: Path, tp: TensorParallel, config: PretrainedConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors, or this rank's slices of them (read as slices: a rank
-    never holds a whole split tensor)."""
+    """The checkpoint's tensors by the engine's names, or this rank's slices of them
+    (read as slices: a rank never holds a whole split tensor)."""
+    family = family_of(config)
     for path in safetensors_files(folder):
         with safe_open(path, framework="pt") as checkpoint:
-            for name in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            for stored in checkpoint.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                name = family.engine_name(stored)
                 module, _, suffix = name.rpartition(".")
                 # GPTQ/AWQ's packed tensors are split once re-packed (use_int4).
-                parts = [] if name.endswith(INT4_SUFFIXES) else part_rows(module, config)
+                packed = name.endswith(INT4_SUFFIXES)
+                parts = [] if packed else part_rows(module, config)
                 if parts:  # stored fused (Phi-3): its parts, each as if stored apart
-                    whole = checkpoint.get_tensor(name)
+                    whole = checkpoint.get_tensor(stored)
                     for part, rows in parts:
                         yield from _rank_parts({f"{part}.{suffix}": whole[rows]}, tp, config)
                     continue
-                view = checkpoint.get_slice(name)
-                packed = name.endswith(INT4_SUFFIXES)
+                view = checkpoint.get_slice(stored)
                 split = None if packed else tp.split_of(name, view.get_shape(), config)
-                yield name, checkpoint.get_tensor(name) if split is None else split.take(view)
+                yield name, checkpoint.get_tensor(stored) if split is None else split.take(view)
 
 
 def _rank_parts(

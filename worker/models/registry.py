@@ -9,17 +9,24 @@ from worker.models.families import (
     granite,
     llama,
     mistral,
+    mixtral,
     olmo2,
     phi3,
     qwen2,
     qwen3,
+    qwen_moe,
     smollm3,
 )
 from worker.models.family import Family
 
-FAMILIES: tuple[Family, ...] = tuple(
-    module.FAMILY
-    for module in (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2, granite, smollm3)
+FAMILIES: tuple[Family, ...] = (
+    *(
+        module.FAMILY
+        for module in (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2, granite, smollm3)
+    ),
+    mixtral.FAMILY,
+    qwen_moe.QWEN2_MOE,
+    qwen_moe.QWEN3_MOE,
 )
 SUPPORTED_ARCHITECTURES = tuple(a for family in FAMILIES for a in family.architectures)
 

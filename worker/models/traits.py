@@ -22,6 +22,21 @@ class LayerTraits:
 
 
 @dataclass(frozen=True)
+class MoETraits:
+    """A mixture of experts in place of the MLP on ``sparse_layers``."""
+
+    experts: int
+    top_k: int
+    intermediate: int  # each routed expert's intermediate size
+    sparse_layers: frozenset[int]
+    # The top-k softmax weights scaled to sum to 1 (Mixtral, Qwen3-MoE) or kept as
+    # the softmax over every expert gave them (Qwen2-MoE's default).
+    renormalize: bool = True
+    shared_intermediate: int = 0  # a shared expert every token also goes through (0: none)
+    shared_gate: bool = False  # Qwen2-MoE: the shared output times sigmoid(gate(x))
+
+
+@dataclass(frozen=True)
 class Traits:
     layers: tuple[LayerTraits, ...]
     head_dim: int
@@ -45,6 +60,7 @@ class Traits:
     final_logit_softcap: float = 0.0
     # Rotary tables by name: the config (and layer type) each is computed from.
     rope_tables: tuple[str, ...] = ("default",)
+    moe: MoETraits | None = None
 
     @property
     def scale(self) -> float:

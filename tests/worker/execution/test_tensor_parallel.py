@@ -163,7 +163,9 @@ def test_a_closed_engine_releases_its_ranks_and_a_second_one_starts(tiny_models)
         _greedy_parity(second, hf_model)
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "qwen3", "phi3", "granite", "smollm3"])
+@pytest.mark.parametrize(
+    "kind", ["gemma2", "qwen3", "phi3", "granite", "smollm3", "mixtral", "qwen2-moe"]
+)
 def test_two_ranks_decode_other_families_as_transformers_does(family_models, kind) -> None:
     """Gemma 2 (sliding and global layers, soft-caps, norms after attention and MLP,
     GeGLU) and Qwen3 (per-head q/k norms): each rank's heads carry their layer's window,

@@ -10,14 +10,20 @@ from transformers import (
     GraniteForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -31,6 +37,7 @@ GEMMA = {
     "layer_types": ["sliding_attention", "full_attention"],
     "tie_word_embeddings": True,
 }
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 FAMILY_MODELS: dict[str, tuple[type, type, dict]] = {
     "mistral-window": (MistralConfig, MistralForCausalLM, {"sliding_window": WINDOW}),
     "qwen2-window": (
@@ -63,5 +70,19 @@ FAMILY_MODELS: dict[str, tuple[type, type, dict]] = {
         },
     ),
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {"no_rope_layers": [1, 0]}),
+    # Mixtures of experts: four experts, two per token.
+    "mixtral": (
+        MixtralConfig,
+        MixtralForCausalLM,
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    ),
+    "qwen2-moe": (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        # The first layer dense; the top-2 weights kept as the softmax gave them.
+        {**MOE, "shared_expert_intermediate_size": 96, "mlp_only_layers": [0]},
+    ),
+    "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, {**MOE, "norm_topk_prob": True}),
 }
 FAMILY_KINDS = tuple(FAMILY_MODELS)
+MOE_KINDS = ("mixtral", "qwen2-moe", "qwen3-moe")

@@ -1,0 +1,65 @@
+"""Routed experts: the reference's grouping (rows sorted by expert, one pair of
+matmuls per active expert) against a loop over every token's every choice; the
+native and Triton backends against the reference; the router's top-k."""
+
+import pytest
+import torch
+
+from kernels import native, reference
+from kernels.dispatch import _native_builds
+from worker.models.moe import route
+from worker.models.traits import MoETraits
+
+EXPERTS, HIDDEN, INTER, TOKENS, TOP_K = 6, 32, 24, 11, 2
+
+
+def _case(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(TOKENS, HIDDEN, generator=gen)
+    gate_up = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
+    down = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5
+    logits = torch.randn(TOKENS, EXPERTS, generator=gen)
+    logits[:, 5] = -1e9  # an expert no token chooses
+    weights, ids = torch.topk(torch.softmax(logits, -1), TOP_K)
+    return x.to(dtype), gate_up.to(dtype), down.to(dtype), weights, ids
+
+
+def _one_by_one(x, gate_up, down, weights, ids, activation) -> torch.Tensor:
+    act = {
+        "silu": torch.nn.functional.silu,
+        "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    }[activation]
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate, up = (gate_up[e] @ x[t]).chunk(2)
+            out[t] += weights[t, j] * (down[e] @ (act(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_grouped_experts_equal_a_loop_over_every_choice(activation) -> None:
+    case = _case(torch.float32)
+    expected = _one_by_one(*case, activation)
+    torch.testing.assert_close(reference.fused_experts(*case, activation), expected)
+
+
+@pytest.mark.skipif(not _native_builds(), reason="no C++ compiler builds the native kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_experts_equal_the_reference(dtype) -> None:
+    case = _case(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    actual, expected = native.fused_experts(*case, "silu"), reference.fused_experts(*case, "silu")
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_the_router_keeps_or_rescales_the_top_k_and_ties_share_alike() -> None:
+    moe = MoETraits(experts=4, top_k=2, intermediate=8, sparse_layers=frozenset())
+    logits = torch.tensor([[2.0, 2.0, 0.0, -1.0], [0.0, 3.0, 1.0, 1.0]])
+    weights, ids = route(logits, moe)
+    assert sorted(ids[0].tolist()) == [0, 1] and torch.equal(weights[0], torch.tensor([0.5, 0.5]))
+    assert ids[1, 0] == 1 and ids[1, 1] in (2, 3)  # the tie for second: either, once
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2))
+    kept, _ = route(logits, MoETraits(4, 2, 8, frozenset(), renormalize=False))
+    torch.testing.assert_close(kept[1], torch.softmax(logits[1], -1)[[1, 2]])

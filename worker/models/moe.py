@@ -1,0 +1,66 @@
+"""A mixture of experts in place of a layer's MLP: a router picks each token's top-k
+experts, their gated MLPs run on the rows that chose them (``kernels.fused_experts``),
+and a shared expert, where the family has one, adds what every token gets.
+
+Checkpoints store each expert apart (``experts.{e}.gate_proj`` / ``up_proj`` /
+``down_proj``, Mixtral's ``w1`` / ``w3`` / ``w2``); the engine holds them stacked, gate
+and up fused as in the dense MLP. Under tensor parallelism each rank holds every
+expert's share of the intermediate features (vLLM's default split), the router is
+replicated, and the routed and shared outputs are summed over ranks once.
+"""
+
+import torch
+from torch import nn
+
+from kernels import fused_experts
+from worker.models.layers import MLP
+from worker.models.linear import Linear
+from worker.models.sharding import TensorParallel
+from worker.models.traits import Activation, MoETraits
+
+
+def route(logits: torch.Tensor, moe: MoETraits) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's top-k experts and their weights: the softmax over every expert's
+    logit (in fp32), its top k, rescaled to sum to 1 where the family does."""
+    scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(scores, moe.top_k, dim=-1)
+    if moe.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class Experts(nn.Module):
+    def __init__(self, moe: MoETraits, hidden: int, tp: TensorParallel) -> None:
+        super().__init__()
+        size = tp.split(moe.intermediate, "expert intermediate features")
+        self.gate_up_proj = nn.Parameter(torch.empty(moe.experts, 2 * size, hidden))
+        self.down_proj = nn.Parameter(torch.empty(moe.experts, hidden, size))
+
+
+class SparseMoE(nn.Module):
+    def __init__(
+        self, hidden: int, moe: MoETraits, activation: Activation, tp: TensorParallel
+    ) -> None:
+        super().__init__()
+        self.moe = moe
+        self.tp = tp
+        self.activation = activation
+        self.gate = Linear(hidden, moe.experts, bias=False)  # the router
+        self.experts = Experts(moe, hidden, tp)
+        if moe.shared_intermediate:
+            self.shared_expert = MLP(hidden, moe.shared_intermediate, False, activation, tp)
+        if moe.shared_gate:
+            self.shared_expert_gate = Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.moe)
+        experts = self.experts
+        out = fused_experts(
+            x, experts.gate_up_proj, experts.down_proj, weights, ids, self.activation
+        )
+        if self.moe.shared_intermediate:
+            shared = self.shared_expert.partial(x)
+            if self.moe.shared_gate:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return self.tp.all_reduce(out)
