@@ -31,6 +31,7 @@ from typing import NoReturn
 from queue_schemas.logs import configure_logging
 from worker.device import dtype_name
 from worker.engine.llm_engine import LLMEngine
+from worker.execution.model_runner import kv_bytes_per_block
 from worker.engine_process.prompts import engine_prompt
 from worker.engine_process.protocol import (
     Abort,
@@ -105,6 +106,8 @@ class EngineCore:
                 dtype_name(engine.runner.kv_cache.dtype),
                 engine.weights.formats,
                 engine.weights.bytes,
+                engine.weights.active_bytes,
+                kv_bytes_per_block(engine.runner.model, engine.config) // engine.config.block_size,
                 engine.config.tensor_parallel_size,
             )
         )

@@ -80,6 +80,8 @@ class Ready:
     kv_cache_dtype: str
     weight_formats: str
     weight_bytes: int  # on each rank
+    active_weight_bytes: int  # what one token reads: the experts it is not routed to left out
+    kv_bytes_per_token: int  # on each rank, every layer's
     tensor_parallel_size: int
 
 

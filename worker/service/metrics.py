@@ -127,6 +127,19 @@ class WorkerMetrics:
         )
         layout = (ready.weight_formats, str(ready.tensor_parallel_size))
         weights.labels(self.model_name, *layout).set(ready.weight_bytes)
+        active = self._gauge(
+            "model_active_weight_bytes",
+            "Bytes of weights one token's forward reads: a mixture of experts' unchosen "
+            "experts left out (on each tensor-parallel rank)",
+            MODEL,
+        )
+        active.labels(self.model_name).set(ready.active_weight_bytes)
+        per_token = self._gauge(
+            "kv_cache_bytes_per_token",
+            "KV-cache bytes one token takes over every layer (on each tensor-parallel rank)",
+            MODEL,
+        )
+        per_token.labels(self.model_name).set(ready.kv_bytes_per_token)
         cache = self._gauge(
             "cache_config_info",
             "Information of the KV cache",

@@ -164,12 +164,13 @@ def test_a_closed_engine_releases_its_ranks_and_a_second_one_starts(tiny_models)
 
 
 @pytest.mark.parametrize(
-    "kind", ["gemma2", "qwen3", "phi3", "granite", "smollm3", "mixtral", "qwen2-moe"]
+    "kind", ["gemma2", "gemma3", "qwen3", "phi3", "granite", "smollm3", "mixtral", "qwen2-moe"]
 )
 def test_two_ranks_decode_other_families_as_transformers_does(family_models, kind) -> None:
-    """Gemma 2 (sliding and global layers, soft-caps, norms after attention and MLP,
-    GeGLU) and Qwen3 (per-head q/k norms): each rank's heads carry their layer's window,
-    cap and norms."""
+    """Each rank's heads carry their layer's window, soft-cap, q/k norms and rotary
+    (Gemma 2/3, Qwen3, SmolLM3), Phi-3's fused checkpoint tensors split as their parts,
+    Granite's multipliers apply once, and each rank holds every expert's share of its
+    intermediate features (Mixtral; Qwen2-MoE with its shared expert and a dense layer)."""
     folder, hf_model = family_models(kind)
     with LLM(str(folder), device="cpu", tensor_parallel_size=2, max_num_seqs=8) as llm:
         _greedy_parity(llm, hf_model)

@@ -49,3 +49,15 @@ def test_an_fp8_cache_picks_what_exact_attention_ranks_near_best(family_models, 
     with torch.no_grad():
         spread = hf_model(torch.tensor([prompts[-1]])).logits.std().item()
     assert _gaps(hf_model, prompts, replies) <= FP8_SHARE_OF_SPREAD * spread
+
+
+def test_a_mixture_of_experts_counts_the_experts_a_token_reads(family_models) -> None:
+    """Four experts, two per token: half of the stacked experts' bytes are idle."""
+    folder, _ = family_models("mixtral")
+    with LLM(str(folder)) as llm:
+        model, weights = llm.engine.runner.model, llm.engine.weights
+    stacked = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n
+    )
+    assert weights.bytes - weights.active_bytes == stacked // 2
+    assert "active per token" in weights.describe()

@@ -102,10 +102,13 @@ def test_the_loaded_model_is_described_by_info_gauges() -> None:
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, "tiny", max_model_len=2048)
     load = EngineLoad(free_blocks=30, total_blocks=40, waiting=0)
-    metrics.describe_engine(Ready(load, 2048, 16, "bfloat16", "Q4_1+Q8_0+bfloat16", 123456, 2))
+    ready = Ready(load, 2048, 16, "bfloat16", "Q4_1+Q8_0+bfloat16", 123456, 40000, 1536, 2)
+    metrics.describe_engine(ready)
 
     formats = {"weight_formats": "Q4_1+Q8_0+bfloat16", "tensor_parallel_size": "2"}
     assert _value(registry, "model_weight_bytes", **formats) == 123456
+    assert _value(registry, "model_active_weight_bytes") == 40000
+    assert _value(registry, "kv_cache_bytes_per_token") == 1536
     cache = {"block_size": "16", "num_gpu_blocks": "40", "cache_dtype": "bfloat16"}
     assert _value(registry, "cache_config_info", **cache) == 1
 
