@@ -31,7 +31,6 @@ from typing import NoReturn
 from queue_schemas.logs import configure_logging
 from worker.device import dtype_name
 from worker.engine.llm_engine import LLMEngine
-from worker.execution.model_runner import kv_bytes_per_block
 from worker.engine_process.prompts import engine_prompt
 from worker.engine_process.protocol import (
     Abort,
@@ -53,6 +52,7 @@ from worker.engine_process.protocol import (
     encode,
     reason_for,
 )
+from worker.execution.model_runner import kv_bytes_per_block
 from worker.outputs import RequestDelta
 
 log = logging.getLogger("genfleet.engine")
