@@ -16,7 +16,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
 from genfleet.bench.engine_driver import run_engine
 from genfleet.bench.weights import decode_tokens_per_s
@@ -40,58 +45,69 @@ ROUNDS = 3
 WITHIN = 0.15
 
 
-def _build(family: Family, vocab_size: int, folder: Path) -> bool:
-    """The family's model at SHAPE in ``folder``; False for a mixture of experts, whose
-    active size differs from its total (the experts benchmark compares those)."""
-    config = AutoConfig.for_model(family.model_types[0], vocab_size=vocab_size, **SHAPE)
+def build_model(
+    family: Family, vocab_size: int, folder: Path, **overrides: object
+) -> PretrainedConfig:
+    """The family's model at SHAPE (and ``overrides``) with random weights, in
+    ``folder`` unless it is a mixture of experts and no override asked for one."""
+    settings = {**SHAPE, **overrides}
+    config = AutoConfig.for_model(family.model_types[0], vocab_size=vocab_size, **settings)
     config.architectures = [family.architectures[0]]
-    if family.traits(config).moe is not None:
-        return False
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
-    return True
+    if family.traits(config).moe is None or overrides:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    return config
+
+
+def measure(
+    engines: dict[str, LLMEngine], tokenizer: PreTrainedTokenizerBase, seed: int, console: Console
+) -> dict[str, dict[str, float]]:
+    """Each engine's batch-1 decode and burst output tokens/s: the engines take turns,
+    in alternating order, median of ROUNDS."""
+    burst = make_workload("burst", tokenizer, seed)
+    prompt = chat_prompt(tokenizer, "Tell me a long story about a lighthouse keeper.")
+    speeds: dict[str, dict[str, list[float]]] = {n: {"decode": [], "burst": []} for n in engines}
+    for round_ in range(ROUNDS):
+        for name in list(engines) if round_ % 2 == 0 else list(reversed(engines)):
+            console.print(f"[dim]round {round_ + 1}: {name}[/dim]")
+            speeds[name]["decode"].append(decode_tokens_per_s(engines[name], prompt))
+            speeds[name]["burst"].append(run_engine(engines[name], burst, name).output_tokens_per_s)
+    return {name: {k: statistics.median(v) for k, v in s.items()} for name, s in speeds.items()}
+
+
+def speed_table(title: str, medians: dict[str, dict[str, float]], baseline: str) -> Table:
+    table = Table(title=title)
+    for column in ("model", "decode tok/s", f"vs {baseline}", "burst tok/s", f"vs {baseline}"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for name, median in medians.items():
+        table.add_row(
+            name,
+            f"{median['decode']:.1f}",
+            f"x{median['decode'] / medians[baseline]['decode']:.2f}",
+            f"{median['burst']:.1f}",
+            f"x{median['burst'] / medians[baseline]['burst']:.2f}",
+        )
+    return table
 
 
 def run_families(
     tokenizer: PreTrainedTokenizerBase, seed: int, dtype: str, console: Console
 ) -> int:
-    burst = make_workload("burst", tokenizer, seed)
-    prompt = chat_prompt(tokenizer, "Tell me a long story about a lighthouse keeper.")
-    speeds: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="genfleet-families-") as root:
         engines = {}
         for family in FAMILIES:
             folder = Path(root) / family.name
-            if not _build(family, len(tokenizer), folder):
-                continue
-            config = EngineConfig(model=str(folder), seed=seed, dtype=dtype)
-            engines[family.name] = LLMEngine(config)
-            speeds[family.name] = {"decode": [], "burst": []}
-        for round_ in range(ROUNDS):
-            order = list(engines) if round_ % 2 == 0 else list(reversed(engines))
-            for name in order:
-                console.print(f"[dim]round {round_ + 1}: {name}[/dim]")
-                speeds[name]["decode"].append(decode_tokens_per_s(engines[name], prompt))
-                summary = run_engine(engines[name], burst, name)
-                speeds[name]["burst"].append(summary.output_tokens_per_s)
-    medians = {name: {k: statistics.median(v) for k, v in s.items()} for name, s in speeds.items()}
-    llama = medians["llama"]
-    table = Table(title=f"every family at one shape ({dtype}), against Llama")
-    for column in ("family", "decode tok/s", "vs llama", "burst tok/s", "vs llama"):
-        table.add_column(column, justify="left" if column == "family" else "right")
-    slow = []
-    for name, median in medians.items():
-        ratios = {k: median[k] / llama[k] for k in median}
-        if min(ratios.values()) < 1 - WITHIN:
-            slow.append(name)
-        table.add_row(
-            name,
-            f"{median['decode']:.1f}",
-            f"x{ratios['decode']:.2f}",
-            f"{median['burst']:.1f}",
-            f"x{ratios['burst']:.2f}",
-        )
-    console.print(table)
+            build_model(family, len(tokenizer), folder)
+            if folder.is_dir():
+                config = EngineConfig(model=str(folder), seed=seed, dtype=dtype)
+                engines[family.name] = LLMEngine(config)
+        medians = measure(engines, tokenizer, seed, console)
+    console.print(speed_table(f"every dense family at one shape ({dtype})", medians, "llama"))
+    slow = [
+        name
+        for name, median in medians.items()
+        if min(median[k] / medians["llama"][k] for k in median) < 1 - WITHIN
+    ]
     if slow:
         console.print(f"more than {WITHIN:.0%} slower than Llama: {', '.join(slow)}")
     return 0

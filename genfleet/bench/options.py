@@ -127,6 +127,12 @@ def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         "that shape: batch-1 decode and burst tokens/s, and their ratios (--dtypes: one)",
     )
     parser.add_argument(
+        "--experts",
+        action="store_true",
+        help="a mixture of 8 experts, 2 per token, against a dense model of its active "
+        "size: decode and burst tokens/s; the grouped experts op against a masked loop",
+    )
+    parser.add_argument(
         "--conversations",
         action="store_true",
         help="multi-turn chats on two workers: jobs keyed by conversation against keyed "

@@ -124,11 +124,13 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
         config = EngineConfig(**engine_flags(args)).speculative_config
         return run_speculative(args.model, tokenizer, args.seed, console, config)
-    if args.families:
+    if args.families or args.experts:
+        from genfleet.bench.experts import run_experts
         from genfleet.bench.families import run_families
 
         (dtype,) = _split(args.dtypes or "bfloat16", DTYPES)
-        return run_families(tokenizer, args.seed, dtype, console)
+        run = run_families if args.families else run_experts
+        return run(tokenizer, args.seed, dtype, console)
     if args.kv_cache:
         from genfleet.bench.kv_cache import run_kv_cache
 
