@@ -18,6 +18,7 @@ import torch
 
 from kernels import reference
 from kernels.quantized_weight import QuantizedWeight
+from kernels.reference.experts import RunExpert
 
 if TYPE_CHECKING:
     from kernels.native.quantized import PackedWeight
@@ -154,6 +155,14 @@ def fused_experts(
 ) -> torch.Tensor:
     impl = _impl(x.device)
     return impl.fused_experts(x, gate_up, down, topk_weights, topk_ids, activation)
+
+
+def grouped_experts(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, run_expert: RunExpert
+) -> torch.Tensor:
+    """``fused_experts`` over experts the caller runs (``run_expert(e, rows)``: weights
+    re-laid out per expert); torch ops on any device."""
+    return reference.grouped_experts(x, topk_weights, topk_ids, run_expert)
 
 
 def quantized_linear(

@@ -4,13 +4,16 @@ Mixtral's layers at the families benchmark's shape with 8 experts of 768 feature
 2 per token, against Llama's with one MLP of 1536 (what a token's two experts add
 up to): the same attention, the same active bytes but for the router. Batch-1
 decode and the 20-request burst, as in ``--families``; and the grouped experts op
-(``kernels.fused_experts``) against a loop over every expert that gathers its
-tokens with a mask (transformers' way), on one token and on 256.
+(``kernels.grouped_experts`` over experts re-laid out for the host's linear, as the
+engine runs them, and ``kernels.fused_experts`` over the stacked weights) against a
+loop over every expert that gathers its tokens with a mask (transformers' way), on
+one token and on 256.
 """
 
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,9 +22,10 @@ from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
 from genfleet.bench.families import SHAPE, build_model, measure, speed_table
-from kernels import fused_experts
+from kernels import fused_experts, grouped_experts, silu_and_mul
 from worker import EngineConfig, LLMEngine
 from worker.models.families import llama, mixtral
+from worker.models.linear import pack_for_cpu
 
 EXPERTS, TOP_K, EXPERT_FEATURES = 8, 2, 768
 REPEATS = 20
@@ -45,25 +49,39 @@ def _masked_loop(
     return out
 
 
-def _op_times(dtype: torch.dtype) -> dict[int, tuple[float, float]]:
-    """Per token count: (grouped ms, masked loop ms), median of REPEATS."""
+def _op_times(dtype: torch.dtype) -> dict[int, dict[str, float]]:
+    """Per token count, ms (median of REPEATS) of: the grouped op over experts
+    re-laid out for this host's linear (the engine's path), over the stacked weights,
+    and the masked loop."""
     hidden = SHAPE["hidden_size"]
     gate_up = torch.randn(EXPERTS, 2 * EXPERT_FEATURES, hidden).to(dtype)
     down = torch.randn(EXPERTS, hidden, EXPERT_FEATURES).to(dtype)
-    times = {}
-    for tokens in (1, 256):
+    packed = [(pack_for_cpu(g), pack_for_cpu(d)) for g, d in zip(gate_up, down, strict=True)]
+
+    def run_packed(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        gate_up_of, down_of = packed[expert]
+        assert gate_up_of is not None and down_of is not None
+        return down_of(silu_and_mul(gate_up_of(rows, None)), None)
+
+    def forms_on(tokens: int) -> dict[str, Callable[[], torch.Tensor]]:
         x = torch.randn(tokens, hidden).to(dtype)
         weights, ids = torch.topk(torch.softmax(torch.randn(tokens, EXPERTS), -1), TOP_K)
-        runs: dict[str, list[float]] = {"grouped": [], "loop": []}
+        return {
+            "re-laid out": lambda: grouped_experts(x, weights, ids, run_packed),
+            "stacked": lambda: fused_experts(x, gate_up, down, weights, ids, "silu"),
+            "masked loop": lambda: _masked_loop(x, gate_up, down, weights, ids),
+        }
+
+    times = {}
+    for tokens in (1, 256):
+        forms = forms_on(tokens)
+        runs: dict[str, list[float]] = {name: [] for name in forms}
         for _ in range(REPEATS):
-            for name in ("grouped", "loop"):
+            for name, run in forms.items():
                 started = time.perf_counter()
-                if name == "grouped":
-                    fused_experts(x, gate_up, down, weights, ids, "silu")
-                else:
-                    _masked_loop(x, gate_up, down, weights, ids)
+                run()
                 runs[name].append((time.perf_counter() - started) * 1000)
-        times[tokens] = (statistics.median(runs["grouped"]), statistics.median(runs["loop"]))
+        times[tokens] = {name: statistics.median(ms) for name, ms in runs.items()}
     return times
 
 
@@ -86,9 +104,11 @@ def run_experts(tokenizer: PreTrainedTokenizerBase, seed: int, dtype: str, conso
     title = f"{EXPERTS} experts, {TOP_K} per token, against a dense model of their active size"
     console.print(speed_table(f"{title} ({dtype})", medians, "dense"))
     table = Table(title=f"the grouped experts op against a masked loop over experts ({dtype})")
-    for column in ("tokens", "grouped ms", "masked loop ms", "speed-up"):
+    columns = ("re-laid out", "stacked", "masked loop")
+    for column in ("tokens", *(f"{c} ms" for c in columns), "speed-up"):
         table.add_column(column, justify="right")
-    for tokens, (grouped, loop) in _op_times(getattr(torch, dtype)).items():
-        table.add_row(str(tokens), f"{grouped:.3f}", f"{loop:.3f}", f"x{loop / grouped:.2f}")
+    for tokens, ms in _op_times(getattr(torch, dtype)).items():
+        speed_up = ms["masked loop"] / ms["re-laid out"]
+        table.add_row(str(tokens), *(f"{ms[c]:.3f}" for c in columns), f"x{speed_up:.2f}")
     console.print(table)
     return 0

@@ -179,9 +179,10 @@ def fused_experts(
     topk_ids: torch.Tensor,
     activation: str,
 ) -> torch.Tensor:
-    """The reference's grouping (one pair of torch matmuls per active expert) with
-    this library's gated activation."""
-    return grouped_experts(x, gate_up, down, topk_weights, topk_ids, GATED_OPS[activation])
-
-
-GATED_OPS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+    """The reference's grouping with this library's gated activation and torch's
+    matmuls over the stacked weights (``worker.models.moe`` re-lays them out per
+    expert for the native linear where it can)."""
+    gated = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
+    return grouped_experts(
+        x, topk_weights, topk_ids, lambda e, rows: gated(rows @ gate_up[e].t()) @ down[e].t()
+    )

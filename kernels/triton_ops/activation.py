@@ -65,4 +65,6 @@ def fused_experts(
     """The reference's grouping (one pair of torch matmuls per active expert) with
     these gated activations."""
     gated = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
-    return grouped_experts(x, gate_up, down, topk_weights, topk_ids, gated)
+    return grouped_experts(
+        x, topk_weights, topk_ids, lambda e, rows: gated(rows @ gate_up[e].t()) @ down[e].t()
+    )

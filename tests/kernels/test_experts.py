@@ -5,7 +5,7 @@ native and Triton backends against the reference; the router's top-k."""
 import pytest
 import torch
 
-from kernels import native, reference
+from kernels import grouped_experts, native, reference
 from kernels.dispatch import _native_builds
 from worker.models.moe import route
 from worker.models.traits import MoETraits
@@ -63,3 +63,17 @@ def test_the_router_keeps_or_rescales_the_top_k_and_ties_share_alike() -> None:
     torch.testing.assert_close(weights.sum(-1), torch.ones(2))
     kept, _ = route(logits, MoETraits(4, 2, 8, frozenset(), renormalize=False))
     torch.testing.assert_close(kept[1], torch.softmax(logits[1], -1)[[1, 2]])
+
+
+@pytest.mark.parametrize("tokens", [1, TOKENS])
+def test_experts_run_per_expert_equal_the_stacked_ones(tokens) -> None:
+    """``grouped_experts`` over per-expert projections (how a model runs experts
+    re-laid out for the host's linear) on one token (its own path) and on many."""
+    x, gate_up, down, weights, ids = _case(torch.float32)
+    x, weights, ids = x[:tokens], weights[:tokens], ids[:tokens]
+
+    def run(e: int, rows: torch.Tensor) -> torch.Tensor:
+        return reference.silu_and_mul(rows @ gate_up[e].t()) @ down[e].t()
+
+    expected = _one_by_one(x, gate_up, down, weights, ids, "silu")
+    torch.testing.assert_close(grouped_experts(x, weights, ids, run), expected)

@@ -17,7 +17,7 @@ from worker.models.attention import Attention
 from worker.models.attention_metadata import AttentionMetadata
 from worker.models.layers import MLP, Embedding, RMSNorm
 from worker.models.linear import BlockForms, Linear, choose_block_forms
-from worker.models.moe import SparseMoE
+from worker.models.moe import Experts, SparseMoE
 from worker.models.registry import family_of
 from worker.models.rotary import cos_sin_cache
 from worker.models.sharding import TensorParallel
@@ -170,6 +170,9 @@ class CausalLM(nn.Module):
         linears = [module for module in self.modules() if isinstance(module, Linear)]
         for module in linears:
             module.pack()
+        for experts in self.modules():
+            if isinstance(experts, Experts):
+                experts.pack()
         if self.tied_output is not None and self.tied_output.blocks is not None:
             self.model.embed_tokens.use_packed(self.tied_output.blocks)
         dtype = self.model.norm.weight.dtype

@@ -9,12 +9,14 @@ expert's share of the intermediate features (vLLM's default split), the router i
 replicated, and the routed and shared outputs are summed over ranks once.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from kernels import fused_experts
-from worker.models.layers import MLP
-from worker.models.linear import Linear
+from kernels import PackedLinear, fused_experts, grouped_experts
+from worker.models.layers import GATED_ACTIVATIONS, MLP
+from worker.models.linear import Linear, pack_for_cpu
 from worker.models.sharding import TensorParallel
 from worker.models.traits import Activation, MoETraits
 
@@ -30,11 +32,31 @@ def route(logits: torch.Tensor, moe: MoETraits) -> tuple[torch.Tensor, torch.Ten
 
 
 class Experts(nn.Module):
+    """Every expert's gate/up and down weights, stacked; on a CPU also re-laid out per
+    expert for the fastest linear the host has (``pack``), as the dense layers are."""
+
+    packed: list[tuple[PackedLinear, PackedLinear]] | None = None
+
     def __init__(self, moe: MoETraits, hidden: int, tp: TensorParallel) -> None:
         super().__init__()
         size = tp.split(moe.intermediate, "expert intermediate features")
         self.gate_up_proj = nn.Parameter(torch.empty(moe.experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.experts, hidden, size))
+
+    def pack(self) -> None:
+        forms = [
+            (pack_for_cpu(gate_up), pack_for_cpu(down))
+            for gate_up, down in zip(self.gate_up_proj, self.down_proj, strict=True)
+        ]
+        packed = [(gate_up, down) for gate_up, down in forms if gate_up and down]
+        self.packed = packed if len(packed) == len(forms) else None
+
+    def run_packed(
+        self, expert: int, rows: torch.Tensor, act_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        assert self.packed is not None
+        gate_up, down = self.packed[expert]
+        return down(act_and_mul(gate_up(rows, None)), None)
 
 
 class SparseMoE(nn.Module):
@@ -55,9 +77,15 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.moe)
         experts = self.experts
-        out = fused_experts(
-            x, experts.gate_up_proj, experts.down_proj, weights, ids, self.activation
-        )
+        if experts.packed is not None:
+            gated = GATED_ACTIVATIONS[self.activation]
+            out = grouped_experts(
+                x, weights, ids, lambda e, rows: experts.run_packed(e, rows, gated)
+            )
+        else:
+            out = fused_experts(
+                x, experts.gate_up_proj, experts.down_proj, weights, ids, self.activation
+            )
         if self.moe.shared_intermediate:
             shared = self.shared_expert.partial(x)
             if self.moe.shared_gate:
