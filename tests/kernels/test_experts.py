@@ -77,3 +77,44 @@ def test_experts_run_per_expert_equal_the_stacked_ones(tokens) -> None:
 
     expected = _one_by_one(x, gate_up, down, weights, ids, "silu")
     torch.testing.assert_close(grouped_experts(x, weights, ids, run), expected)
+
+
+def _deepseek_router(version: int) -> tuple[torch.nn.Module, MoETraits]:
+    """transformers' router of DeepSeek V2 (softmax, group-limited greedy) or V3
+    (sigmoid, a correction bias, groups scored by their best two), random weights."""
+    from transformers import DeepseekV2Config, DeepseekV3Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    common = {"hidden_size": HIDDEN, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3}
+    if version == 2:
+        config = DeepseekV2Config(**common, n_routed_experts=16, routed_scaling_factor=1.5,
+                                  topk_method="group_limited_greedy")  # fmt: skip
+        router = DeepseekV2TopkRouter(config)
+    else:
+        config = DeepseekV3Config(**common, n_routed_experts=16, routed_scaling_factor=2.5)
+        router = DeepseekV3TopkRouter(config)
+        router.e_score_correction_bias.normal_(std=0.1, generator=torch.Generator().manual_seed(1))
+    router.weight.data.normal_(std=0.1, generator=torch.Generator().manual_seed(2))
+    moe = MoETraits(
+        experts=16, top_k=3, intermediate=8, sparse_layers=frozenset(),
+        renormalize=version == 3, scoring="sigmoid" if version == 3 else "softmax",
+        groups=4, top_groups=2, group_score="top2_sum" if version == 3 else "max",
+        routed_scaling=config.routed_scaling_factor,
+    )  # fmt: skip
+    return router, moe
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_deepseek_group_limited_routing_picks_and_weighs_as_transformers(version) -> None:
+    router, moe = _deepseek_router(version)
+    x = torch.randn(400, HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits, expected_weights, expected_ids = router(x)
+    bias = getattr(router, "e_score_correction_bias", None)
+    weights, ids = route(logits, moe, bias)
+    order, expected_order = ids.argsort(-1), expected_ids.argsort(-1)
+    assert torch.equal(ids.gather(1, order), expected_ids.gather(1, expected_order))
+    torch.testing.assert_close(weights.gather(1, order), expected_weights.gather(1, expected_order))
+    groups = ids // (16 // 4)  # every pick inside the token's two open groups
+    assert all(len(set(row)) <= 2 for row in groups.tolist())

@@ -21,14 +21,32 @@ from worker.models.sharding import TensorParallel
 from worker.models.traits import Activation, MoETraits
 
 
-def route(logits: torch.Tensor, moe: MoETraits) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's top-k experts and their weights: the softmax over every expert's
-    logit (in fp32), its top k, rescaled to sum to 1 where the family does."""
-    scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(scores, moe.top_k, dim=-1)
+def route(
+    logits: torch.Tensor, moe: MoETraits, correction_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's top-k experts and their weights, as the families' routers pick
+    them: scores (a softmax over every expert, or sigmoids) in fp32; where experts are
+    grouped, only the token's best groups open; the top k by score (plus DeepSeek V3's
+    ``correction_bias``, which picks but does not weigh); their scores rescaled to sum
+    to 1 where the family does, times ``routed_scaling``."""
+    logits = logits.float()
+    scores = logits.sigmoid() if moe.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+    choice = scores if correction_bias is None else scores + correction_bias
+    if moe.groups > 1:
+        grouped = choice.view(-1, moe.groups, moe.experts // moe.groups)
+        if moe.group_score == "top2_sum":
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        else:
+            group_scores = grouped.max(dim=-1).values
+        best = torch.topk(group_scores, moe.top_groups, dim=-1).indices
+        open_groups = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        closed = ~open_groups.repeat_interleave(moe.experts // moe.groups, dim=-1)
+        choice = choice.masked_fill(closed, float("-inf"))
+    ids = torch.topk(choice, moe.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
     if moe.renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * moe.routed_scaling, ids
 
 
 class Experts(nn.Module):

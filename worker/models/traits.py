@@ -34,6 +34,15 @@ class MoETraits:
     renormalize: bool = True
     shared_intermediate: int = 0  # a shared expert every token also goes through (0: none)
     shared_gate: bool = False  # Qwen2-MoE: the shared output times sigmoid(gate(x))
+    # DeepSeek's routers: sigmoid scores (V3) instead of a softmax; experts in ``groups``
+    # of which each token may only use its ``top_groups`` best, a group scored by its
+    # best expert (V2's group-limited greedy) or its best two summed (V3); the chosen
+    # weights times ``routed_scaling``.
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    groups: int = 1
+    top_groups: int = 1
+    group_score: Literal["max", "top2_sum"] = "max"
+    routed_scaling: float = 1.0
 
 
 @dataclass(frozen=True)
