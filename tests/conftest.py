@@ -7,6 +7,10 @@ import shutil
 # before anything imports triton (torch and transformers may). A GPU run sets
 # TRITON_INTERPRET=0 to compile them for real.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# A quarter GiB of KV cache per CPU engine (tests' own processes and the workers they
+# start), not the default GiB: every engine zeroes its cache, and the suite starts
+# hundreds of engines (at a GiB each, minutes of page faults on two cores).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.25")
 
 from pathlib import Path
 

@@ -9,6 +9,7 @@ Imports no torch: the service process and ``genfleet --help`` read it too;
 """
 
 import json
+import os
 import re
 from typing import Any, Literal
 
@@ -54,6 +55,17 @@ class SpeculativeConfig(BaseModel):
         return self
 
 
+def cpu_kv_cache_space() -> float:
+    """vLLM's CPU knob for the KV cache's GiB, ``VLLM_CPU_KVCACHE_SPACE``; 1 GiB when it
+    is unset or 0 (vLLM's "choose for me")."""
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    try:
+        space = float(value or 0)
+    except ValueError:
+        raise ValueError(f"VLLM_CPU_KVCACHE_SPACE is GiB, a number; got {value!r}") from None
+    return space if space > 0 else 1.0
+
+
 class EngineConfig(BaseModel):
     """Everything the engine needs to start.
 
@@ -95,7 +107,11 @@ class EngineConfig(BaseModel):
         "(max |x| / 200, as vLLM computes them) instead of 1.0",
     )
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="KV blocks, fixed")
-    kv_cache_memory_gib: float = Field(1.0, gt=0, description="CPU: KV cache budget (GiB)")
+    kv_cache_memory_gib: float = Field(
+        default_factory=cpu_kv_cache_space,
+        gt=0,
+        description="CPU: KV cache budget (GiB; default: VLLM_CPU_KVCACHE_SPACE, else 1)",
+    )
     dense_weights_memory_gib: float = Field(
         1.0,
         ge=0,

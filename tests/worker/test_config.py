@@ -103,3 +103,14 @@ def test_kv_cache_dtypes_take_vllms_names(name: str, element: torch.dtype) -> No
 def test_a_bad_kv_cache_dtype_names_the_choices() -> None:
     with pytest.raises(ValueError, match="fp8_e5m2"):
         EngineConfig(kv_cache_dtype="int8")
+
+
+def test_the_cpu_kv_cache_budget_takes_vllms_variable(monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert EngineConfig().kv_cache_memory_gib == 3.0
+    assert EngineConfig(kv_cache_memory_gib=0.5).kv_cache_memory_gib == 0.5  # given wins
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")  # vLLM's "choose for me"
+    assert EngineConfig().kv_cache_memory_gib == 1.0
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE is GiB"):
+        EngineConfig()
