@@ -1,6 +1,8 @@
 """A mixture of experts in place of a layer's MLP: a router picks each token's top-k
-experts, their gated MLPs run on the rows that chose them (``kernels.fused_experts``),
-and a shared expert, where the family has one, adds what every token gets.
+experts, their gated MLPs run on the rows that chose them (``kernels.grouped_experts``
+over experts re-laid out for the host's linear, ``kernels.fused_experts`` over the
+stacked weights otherwise), and a shared expert, where the family has one, adds what
+every token gets.
 
 Checkpoints store each expert apart (``experts.{e}.gate_proj`` / ``up_proj`` /
 ``down_proj``, Mixtral's ``w1`` / ``w3`` / ``w2``); the engine holds them stacked, gate
