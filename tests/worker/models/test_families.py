@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig
 
-from tests.conftest import TINY_VOCAB, hf_greedy
+from tests.conftest import TINY_VOCAB, build_tiny_model, hf_greedy
 from tests.worker.models.families import FAMILY_KINDS, WINDOW
 from worker import LLM, SamplingParams
 from worker.models.decoder import CausalLM
@@ -108,3 +108,32 @@ def test_blocks_before_the_window_go_back_to_the_pool(family_models, prefix_cach
         window_blocks = WINDOW // 4
         assert max(held) <= window_blocks + 2
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+# Each scaling on the tiny Llama (head_dim 16, 512 positions), where it changes the
+# rotation of the prompts' positions (up to 90 tokens plus the outputs).
+ROPE_SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "llama3": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+    },
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    # Below its original context LongRoPE takes the short factors (and the attention
+    # factor of the whole extension) in both; past it the two differ by design
+    # (docs/models.md).
+    "longrope": {
+        "rope_type": "longrope", "original_max_position_embeddings": 256,
+        "short_factor": [1.0, 1.5, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+        "long_factor": [2.0, 3.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS)
+def test_each_rope_scaling_decodes_as_transformers_does(scaling: str, tmp_path) -> None:
+    rope = {"rope_theta": 10000.0, **ROPE_SCALINGS[scaling]}
+    hf_model = build_tiny_model("llama-untied", tmp_path, rope_parameters=rope)
+    prompts = _prompts()
+    expected = [hf_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
+    assert _greedy(tmp_path, prompts) == expected
