@@ -134,6 +134,6 @@ ROPE_SCALINGS = {
 def test_each_rope_scaling_decodes_as_transformers_does(scaling: str, tmp_path) -> None:
     rope = {"rope_theta": 10000.0, **ROPE_SCALINGS[scaling]}
     hf_model = build_tiny_model("llama-untied", tmp_path, rope_parameters=rope)
-    prompts = _prompts()
+    prompts = [p for p in _prompts() if len(p) >= 40]  # the positions scalings move most
     expected = [hf_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
     assert _greedy(tmp_path, prompts) == expected
