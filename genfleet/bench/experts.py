@@ -21,7 +21,13 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
-from genfleet.bench.families import SHAPE, build_model, measure, speed_table
+from genfleet.bench.families import (
+    SHAPE,
+    family_config,
+    measure,
+    save_random_model,
+    speed_table,
+)
 from kernels import fused_experts, grouped_experts, silu_and_mul
 from worker import EngineConfig, LLMEngine
 from worker.models.families import llama, mixtral
@@ -89,11 +95,12 @@ def run_experts(tokenizer: PreTrainedTokenizerBase, seed: int, dtype: str, conso
     moe = {"num_local_experts": EXPERTS, "num_experts_per_tok": TOP_K}
     with tempfile.TemporaryDirectory(prefix="genfleet-experts-") as root:
         folders = {"dense": Path(root) / "dense", "moe": Path(root) / "moe"}
-        build_model(llama.FAMILY, len(tokenizer), folders["dense"])
-        build_model(
-            mixtral.FAMILY, len(tokenizer), folders["moe"],
+        save_random_model(family_config(llama.FAMILY, len(tokenizer)), folders["dense"])
+        sparse = family_config(
+            mixtral.FAMILY, len(tokenizer),
             intermediate_size=EXPERT_FEATURES, sliding_window=None, **moe,
         )  # fmt: skip
+        save_random_model(sparse, folders["moe"])
         engines = {
             name: LLMEngine(EngineConfig(model=str(folder), seed=seed, dtype=dtype))
             for name, folder in folders.items()

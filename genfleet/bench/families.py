@@ -45,18 +45,17 @@ ROUNDS = 3
 WITHIN = 0.15
 
 
-def build_model(
-    family: Family, vocab_size: int, folder: Path, **overrides: object
-) -> PretrainedConfig:
-    """The family's model at SHAPE (and ``overrides``) with random weights, in
-    ``folder`` unless it is a mixture of experts and no override asked for one."""
+def family_config(family: Family, vocab_size: int, **overrides: object) -> PretrainedConfig:
+    """The family's config at SHAPE (and ``overrides``), its own defaults otherwise."""
     settings = {**SHAPE, **overrides}
     config = AutoConfig.for_model(family.model_types[0], vocab_size=vocab_size, **settings)
     config.architectures = [family.architectures[0]]
-    if family.traits(config).moe is None or overrides:
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
     return config
+
+
+def save_random_model(config: PretrainedConfig, folder: Path) -> None:
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
 
 
 def measure(
@@ -96,11 +95,14 @@ def run_families(
     with tempfile.TemporaryDirectory(prefix="genfleet-families-") as root:
         engines = {}
         for family in FAMILIES:
+            config = family_config(family, len(tokenizer))
+            if family.traits(config).moe is not None:
+                continue  # its active size is not its total: `--experts` compares those
             folder = Path(root) / family.name
-            build_model(family, len(tokenizer), folder)
-            if folder.is_dir():
-                config = EngineConfig(model=str(folder), seed=seed, dtype=dtype)
-                engines[family.name] = LLMEngine(config)
+            save_random_model(config, folder)
+            engines[family.name] = LLMEngine(
+                EngineConfig(model=str(folder), seed=seed, dtype=dtype)
+            )
         medians = measure(engines, tokenizer, seed, console)
     console.print(speed_table(f"every dense family at one shape ({dtype})", medians, "llama"))
     slow = [

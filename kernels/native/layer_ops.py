@@ -3,13 +3,14 @@ library (see layer_ops.cpp). Same contracts as the torch references, which run
 instead for a dtype or layout the library does not take."""
 
 import ctypes
+import functools
 
 import torch
 
 from kernels import reference
 from kernels.native.build import NativeOp
 from kernels.native.tensors import FP8_FORMATS, native_dtype, row_stride
-from kernels.reference.experts import grouped_experts
+from kernels.reference.experts import stacked_experts
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _rms_norm = NativeOp("rms_norm", _P, _I, _P, _I, _P, _I, _I, _F, _P, _P)
@@ -182,7 +183,5 @@ def fused_experts(
     """The reference's grouping with this library's gated activation and torch's
     matmuls over the stacked weights (``worker.models.moe`` re-lays them out per
     expert for the native linear where it can)."""
-    gated = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
-    return grouped_experts(
-        x, topk_weights, topk_ids, lambda e, rows: gated(rows @ gate_up[e].t()) @ down[e].t()
-    )
+    gated = functools.partial(_gated, activation)
+    return stacked_experts(x, gate_up, down, topk_weights, topk_ids, gated)

@@ -22,8 +22,21 @@ def fused_experts(
     e = ids[t, j]. x: [tokens, hidden]; gate_up: [experts, 2 * inter, hidden]; down:
     [experts, hidden, inter]; topk_weights and topk_ids: [tokens, k]."""
     gated = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}[activation]
+    return stacked_experts(x, gate_up, down, topk_weights, topk_ids, gated)
+
+
+def stacked_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``fused_experts`` with a backend's own gated activation: each expert's stacked
+    weights in torch's matmuls, grouped as ``grouped_experts`` groups them."""
     return grouped_experts(
-        x, topk_weights, topk_ids, lambda e, rows: gated(rows @ gate_up[e].t()) @ down[e].t()
+        x, topk_weights, topk_ids, lambda e, rows: act_and_mul(rows @ gate_up[e].t()) @ down[e].t()
     )
 
 

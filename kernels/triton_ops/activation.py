@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference.experts import grouped_experts
+from kernels.reference.experts import stacked_experts
 
 
 @triton.jit
@@ -64,7 +64,5 @@ def fused_experts(
 ) -> torch.Tensor:
     """The reference's grouping (one pair of torch matmuls per active expert) with
     these gated activations."""
-    gated = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
-    return grouped_experts(
-        x, topk_weights, topk_ids, lambda e, rows: gated(rows @ gate_up[e].t()) @ down[e].t()
-    )
+    gated = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}[activation]
+    return stacked_experts(x, gate_up, down, topk_weights, topk_ids, gated)
