@@ -7,7 +7,8 @@ decode and the 20-request burst, as in ``--families``; and the grouped experts o
 (``kernels.grouped_experts`` over experts re-laid out for the host's linear, as the
 engine runs them, and ``kernels.fused_experts`` over the stacked weights) against a
 loop over every expert that gathers its tokens with a mask (transformers' way), on
-one token and on 256.
+one token and on 256. Then multi-head latent attention's cache bytes per token
+against full K/V (``genfleet.bench.latent``).
 """
 
 import statistics
@@ -28,6 +29,7 @@ from genfleet.bench.families import (
     save_random_model,
     speed_table,
 )
+from genfleet.bench.latent import latent_cache_table
 from kernels import fused_experts, grouped_experts, silu_and_mul
 from worker import EngineConfig, LLMEngine
 from worker.models.families import llama, mixtral
@@ -118,4 +120,5 @@ def run_experts(tokenizer: PreTrainedTokenizerBase, seed: int, dtype: str, conso
         speed_up = ms["masked loop"] / ms["re-laid out"]
         table.add_row(str(tokens), *(f"{ms[c]:.3f}" for c in columns), f"x{speed_up:.2f}")
     console.print(table)
+    console.print(latent_cache_table())
     return 0

@@ -14,6 +14,10 @@
 // With a sliding window a tile reads only the keys its tokens see (those before the
 // window may be in blocks already back in the pool); a logit soft-cap c turns each
 // scaled score s into c * tanh(s / c) before the softmax.
+//
+// Value rows lie where key rows lie (a cache of their own with the keys' layout, or
+// the keys' own rows: multi-head latent attention reads each key row's first
+// value_size features as its value); value_size may be less than head_size.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,7 +40,7 @@ using genfleet::to_float;
 constexpr int64_t kTileTokens = 16;
 
 struct Layout {
-  int64_t num_heads, num_kv_heads, head_size, block_size, table_width;
+  int64_t num_heads, num_kv_heads, head_size, value_size, block_size, table_width;
   float scale;
   int64_t sliding_window;  // 0: every earlier key
   float logit_softcap;  // 0: none
@@ -52,11 +56,11 @@ struct Step {
   const T* query;  // [num_tokens, num_heads, head_size], rows query_stride apart
   int64_t query_stride;
   const C* key_cache;  // [num_blocks, block_size, num_kv_heads, head_size]
-  const C* value_cache;
+  const C* value_cache;  // rows as the keys', value_size features read of each
   const int32_t* block_tables;  // [num_seqs, table_width]
   const int64_t* seq_lens;  // [num_seqs], this step's tokens included
   const int64_t* query_start_loc;  // [num_seqs + 1]
-  T* out;  // [num_tokens, num_heads, head_size]
+  T* out;  // [num_tokens, num_heads, value_size]
   Layout layout;
 };
 
@@ -267,7 +271,7 @@ void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratc
            (tile.kv_head * group + q % group) * dim;
   };
   auto out_row = [&](int64_t q) {
-    return step.out + ((tile.first_token + q / group) * l.num_heads + tile.kv_head * group + q % group) * dim;
+    return step.out + ((tile.first_token + q / group) * l.num_heads + tile.kv_head * group + q % group) * l.value_size;
   };
 
   // Scores of query q against keys base..num_keys-1, then 1 / (sum of its weights).
@@ -276,11 +280,12 @@ void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratc
   float* inv_sums = scores + queries * width;
   const int64_t row_stride = l.num_kv_heads * dim;
   RowMath<kDim> math(dim, row_stride);
+  RowMath<kDim> values(l.value_size, row_stride);  // kDim: only where value_size == dim
 
   for_each_run(step, step.key_cache, tile, base, num_keys, [&](int64_t first_key, const C* rows, int64_t count) {
     // The same rows of V are read after the softmax: asked for now, they are in cache
     // by then (20% off a decode step's attention here).
-    prefetch_rows(step.value_cache + (rows - step.key_cache), count, row_stride, dim);
+    prefetch_rows(step.value_cache + (rows - step.key_cache), count, row_stride, l.value_size);
     // The run is seen by the tile's queries from (first_key - first_pos) * group on.
     for (int64_t q = std::max<int64_t>(0, first_key - first_pos) * group; q < queries; ++q)
       math.scores(query_row(q), rows, count, l.scale, scores + q * width + (first_key - base));
@@ -307,15 +312,15 @@ void attend(const Step<T, C>& step, const Tile& tile, std::vector<float>& scratc
   }
 
   // Weighted sums of the value rows, kQueries queries per walk over the keys.
-  for (int64_t first = 0; first < queries; first += math.kQueries) {
-    const int64_t n = std::min<int64_t>(math.kQueries, queries - first);
+  for (int64_t first = 0; first < queries; first += values.kQueries) {
+    const int64_t n = std::min<int64_t>(values.kQueries, queries - first);
     const int64_t keys = first_pos + (first + n - 1) / group + 1;  // seen by the last of them
     const int64_t from = lowest_key(first_pos + first / group);  // by the first of them
-    math.clear();
+    values.clear();
     for_each_run(step, step.value_cache, tile, from, keys, [&](int64_t first_key, const C* rows, int64_t count) {
-      math.add(scores + first * width + (first_key - base), width, n, rows, count);
+      values.add(scores + first * width + (first_key - base), width, n, rows, count);
     });
-    for (int64_t i = 0; i < n; ++i) math.store_scaled(i, inv_sums[first + i], out_row(first + i));
+    for (int64_t i = 0; i < n; ++i) values.store_scaled(i, inv_sums[first + i], out_row(first + i));
   }
 }
 
@@ -329,9 +334,10 @@ void run(const Step<T, C>& step, int64_t num_seqs) {
         tiles.push_back({seq, kv_head, first, std::min(first + kTileTokens, end)});
   }
   const int64_t num_tiles = int64_t(tiles.size());
-  // Common head sizes get the vector path.
+  // Common head sizes get the vector path (keys and values of one size).
   const int64_t dim = step.layout.head_size;
-  auto attend_tile = dim == 64 ? attend<T, C, 64> : dim == 128 ? attend<T, C, 128> : attend<T, C, 0>;
+  const bool same = step.layout.value_size == dim;
+  auto attend_tile = same && dim == 64 ? attend<T, C, 64> : same && dim == 128 ? attend<T, C, 128> : attend<T, C, 0>;
 #pragma omp parallel
   {
     std::vector<float> scratch;
@@ -349,10 +355,10 @@ void run(const Step<T, C>& step, int64_t num_seqs) {
       const T* query, int64_t query_stride, const C* key_cache, const C* value_cache,           \
       const int32_t* block_tables, const int64_t* seq_lens, const int64_t* query_start_loc,     \
       int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,             \
-      int64_t block_size, int64_t table_width, float scale, int64_t sliding_window,             \
-      float logit_softcap, T* out) {                                                            \
-    const Layout layout{num_heads,   num_kv_heads, head_size,     block_size,                   \
-                        table_width, scale,        sliding_window, logit_softcap};              \
+      int64_t value_size, int64_t block_size, int64_t table_width, float scale,                 \
+      int64_t sliding_window, float logit_softcap, T* out) {                                    \
+    const Layout layout{num_heads,  num_kv_heads, head_size, value_size,    block_size,         \
+                        table_width, scale,       sliding_window, logit_softcap};               \
     const Step<T, C> step{query,    query_stride,    key_cache, value_cache, block_tables,      \
                           seq_lens, query_start_loc, out,       layout};                        \
     run(step, num_seqs);                                                                        \

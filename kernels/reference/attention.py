@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """[n, num_blocks] block ids -> fp32 [n, num_kv_heads, num_blocks * block_size, head_size]."""
+    """[n, num_blocks] block ids -> fp32 [n, num_kv_heads, num_blocks * block_size, head_size]
+    (``cache`` may be a view: whole blocks are selected, then made contiguous)."""
     n, blocks = block_ids.shape
     _, block_size, kv_heads, head = cache.shape
     # index_select on whole blocks is several times faster than advanced indexing.
@@ -136,11 +137,14 @@ def paged_attention(
     """Causal attention of each sequence's new tokens over its paged context.
 
     query: [num_tokens, num_heads, head_size]
-    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
+    key_cache: [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: [num_blocks, block_size, num_kv_heads, value_size]: a cache of its own,
+        or a view of the keys' first ``value_size`` features (multi-head latent
+        attention keeps one latent row per token, read as key and as value)
     block_tables: [num_seqs, max_blocks_per_seq] block ids (int32)
     seq_lens: [num_seqs] cached tokens per sequence, this step's included
     query_start_loc: [num_seqs + 1] offsets of each sequence's tokens in query
-    returns [num_tokens, num_heads, head_size]
+    returns [num_tokens, num_heads, value_size]
     sliding_window: each token sees its last this many positions (0: all)
     logit_softcap: scores capped by c * tanh(s / c) (0: none)
     Every sequence has at least one new token.
@@ -148,7 +152,7 @@ def paged_attention(
     limits = (sliding_window, logit_softcap)
     if query.shape[0] == block_tables.shape[0]:  # one token per sequence: a pure decode step
         return _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, *limits)
-    out = torch.empty_like(query)
+    out = query.new_empty(*query.shape[:2], value_cache.shape[-1])
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     q_lens = [b - a for a, b in itertools.pairwise(starts)]

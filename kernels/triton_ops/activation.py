@@ -4,8 +4,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference.experts import stacked_experts
-
 
 @triton.jit
 def _gated_kernel(
@@ -52,17 +50,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Same contract as ``kernels.reference.gelu_tanh_and_mul``."""
     return _gated(x, gelu_tanh=True)
-
-
-def fused_experts(
-    x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    activation: str,
-) -> torch.Tensor:
-    """The reference's grouping (one pair of torch matmuls per active expert) with
-    these gated activations."""
-    gated = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}[activation]
-    return stacked_experts(x, gate_up, down, topk_weights, topk_ids, gated)

@@ -39,10 +39,10 @@ def _find_seq(query_start_loc_ptr, program, num_seqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr,  # [num_tokens, num_heads, head_size]
+    out_ptr,  # [num_tokens, num_heads, value_size]
     query_ptr,  # [num_tokens, num_heads, head_size]
     key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_size]
-    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, value_size], any strides
     block_tables_ptr,  # [num_seqs, max_blocks] int32
     seq_lens_ptr,  # [num_seqs]
     query_start_loc_ptr,  # [num_seqs + 1]
@@ -57,6 +57,8 @@ def _paged_attention_kernel(
     LOGIT_SOFTCAP: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    VALUE_SIZE: tl.constexpr,
+    VALUE_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -84,6 +86,8 @@ def _paged_attention_kernel(
     row_valid = (q_index < q_len) & (rows % GROUP_PAD < GROUP)
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
+    value_dims = tl.arange(0, VALUE_PAD)
+    value_dim_valid = value_dims < VALUE_SIZE
 
     q_ptrs = query_ptr + (q_start + q_index)[:, None] * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_ptrs + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
@@ -93,7 +97,7 @@ def _paged_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, VALUE_PAD], dtype=tl.float32)
 
     # The last row of this program sees keys up to its own position.
     last_q = tl.minimum(q_len, (q_block + 1) * BLOCK_Q) - 1
@@ -142,9 +146,9 @@ def _paged_attention_kernel(
             + block[:, None] * stride_vb
             + slot[:, None] * stride_vs
             + kv_head * stride_vh
-            + dims[None, :]
+            + value_dims[None, :]
         )
-        v = tl.load(v_ptrs, mask=kv_valid[:, None] & dim_valid[None, :], other=0.0)  # [N, D]
+        v = tl.load(v_ptrs, mask=kv_valid[:, None] & value_dim_valid[None, :], other=0.0)  # [N, V]
         if DOT_FP32:
             v = v.to(tl.float32)
         elif WIDEN_KV:
@@ -156,9 +160,9 @@ def _paged_attention_kernel(
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_ptrs = out_ptr + (q_start + q_index)[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(
-        o_ptrs + dims[None, :],
+        o_ptrs + value_dims[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None] & dim_valid[None, :],
+        mask=row_valid[:, None] & value_dim_valid[None, :],
     )
 
 
@@ -185,7 +189,8 @@ def paged_attention(
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     block_q = max(1, MIN_ROWS // group_pad)
-    out = torch.empty_like(query)
+    value_size = value_cache.shape[-1]
+    out = query.new_empty(num_tokens, num_heads, value_size)
     # Each sequence may start a partial block of programs: at most one extra per sequence.
     num_programs = num_tokens // block_q + num_seqs
     _paged_attention_kernel[(num_programs, num_kv_heads)](
@@ -207,6 +212,8 @@ def paged_attention(
         LOGIT_SOFTCAP=float(logit_softcap),
         HEAD_SIZE=head_size,
         HEAD_PAD=triton.next_power_of_2(head_size),
+        VALUE_SIZE=value_size,
+        VALUE_PAD=triton.next_power_of_2(value_size),
         BLOCK_SIZE=block_size,
         GROUP=group,
         GROUP_PAD=group_pad,

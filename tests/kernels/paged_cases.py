@@ -38,9 +38,12 @@ def make_case(
     dtype: torch.dtype,
     seed: int = 0,
     cache_dtype: torch.dtype | None = None,
+    values_in_keys: int = 0,
 ) -> PagedCase:
     """shapes: (new tokens, total context) per sequence; blocks are scattered at random.
-    The cache holds ``cache_dtype`` (default ``dtype``; fp8 for an fp8 cache)."""
+    The cache holds ``cache_dtype`` (default ``dtype``; fp8 for an fp8 cache).
+    ``values_in_keys``: no value cache; the values are the keys' first this many
+    features, a view (multi-head latent attention's one row per token)."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-ctx // block_size) for _, ctx in shapes]
     num_blocks = sum(blocks_per_seq) + 3
@@ -48,6 +51,8 @@ def make_case(
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
     key_cache = torch.randn(cache_shape, generator=gen).to(cache_dtype or dtype)
     value_cache = torch.randn(cache_shape, generator=gen).to(cache_dtype or dtype)
+    if values_in_keys:
+        value_cache = key_cache[..., :values_in_keys]
     width = max(blocks_per_seq)
     tables, keys, values = [], [], []
     for n in blocks_per_seq:
@@ -79,7 +84,7 @@ def dense_attention(
 ) -> torch.Tensor:
     """Each sequence's attention over its dense K/V, written out as transformers writes
     it: scaled scores, soft-capped, masked causally (and to the window), softmax."""
-    out = torch.empty_like(case.query)
+    out = case.query.new_empty(*case.query.shape[:2], case.value_cache.shape[-1])
     starts = case.query_start_loc.tolist()
     for i, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
         q = case.query[starts[i] : starts[i + 1]].float().transpose(0, 1)

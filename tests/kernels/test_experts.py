@@ -13,12 +13,12 @@ from worker.models.traits import MoETraits
 EXPERTS, HIDDEN, INTER, TOKENS, TOP_K = 6, 32, 24, 11, 2
 
 
-def _case(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def _case(dtype: torch.dtype, tokens: int = TOKENS) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(TOKENS, HIDDEN, generator=gen)
+    x = torch.randn(tokens, HIDDEN, generator=gen)
     gate_up = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
     down = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5
-    logits = torch.randn(TOKENS, EXPERTS, generator=gen)
+    logits = torch.randn(tokens, EXPERTS, generator=gen)
     logits[:, 5] = -1e9  # an expert no token chooses
     weights, ids = torch.topk(torch.softmax(logits, -1), TOP_K)
     return x.to(dtype), gate_up.to(dtype), down.to(dtype), weights, ids

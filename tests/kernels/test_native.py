@@ -68,6 +68,21 @@ def test_paged_attention_of_a_pure_decode_batch(dtype) -> None:
     _close(native.paged_attention(*case.kernel_tensors(), case.scale), dense_attention(case), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("heads", "head_size", "value_size"),
+    [(4, 40, 32), (16, 576, 512)],  # a tiny model's latent and DeepSeek's
+)
+def test_paged_attention_reads_values_from_the_keys_own_rows(
+    monkeypatch, dtype, heads, head_size, value_size
+) -> None:
+    """Multi-head latent attention's cache: one row per token, its first features the
+    value; the kernel itself takes it (the reference is not called)."""
+    monkeypatch.setattr(native.attention, "reference_paged_attention", None)
+    case = make_case(SHAPES, heads, 1, head_size, 8, dtype, values_in_keys=value_size)
+    _close(native.paged_attention(*case.kernel_tensors(), case.scale), dense_attention(case), dtype)
+
+
 WINDOW_SHAPES = [(1, 70), (40, 40), (9, 61), (1, 33), (1, 5), (20, 50)]
 
 

@@ -49,6 +49,17 @@ def test_sliding_windows_and_soft_caps_match_dense(dtype, sliding_window, logit_
     torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shapes", [SHAPES, DECODES_ONLY], ids=["mixed", "decodes"])
+def test_values_read_from_the_keys_own_rows_match_dense(dtype, shapes) -> None:
+    """Multi-head latent attention: one KV head, each row's first 32 features its value."""
+    case = make_case(shapes, 4, 1, 40, 8, dtype, values_in_keys=32)
+    out = reference.paged_attention(*case.kernel_tensors(), case.scale)
+    assert out.shape == (*case.query.shape[:2], 32)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), dense_attention(case).float(), atol=tol, rtol=tol)
+
+
 def test_the_window_and_the_cap_change_the_answer() -> None:
     case = make_case(WINDOW_SHAPES, 6, 2, 64, 8, torch.float32, seed=3)
     plain = reference.paged_attention(*case.kernel_tensors(), case.scale)

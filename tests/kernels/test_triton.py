@@ -61,6 +61,14 @@ def test_paged_attention(heads, kv_heads, head_size, block_size, dtype) -> None:
     _close(actual, dense_attention(case), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_reads_values_from_the_keys_own_rows(dtype) -> None:
+    """Multi-head latent attention: one KV head, each row's first 32 features its value."""
+    case = make_case(SHAPES, 4, 1, 40, 8, dtype, values_in_keys=32)
+    tensors = (t.to(DEVICE) for t in case.kernel_tensors())
+    _close(triton_ops.paged_attention(*tensors, case.scale).cpu(), dense_attention(case), dtype)
+
+
 WINDOW_SHAPES = [(1, 70), (40, 40), (9, 61), (1, 33), (1, 5), (20, 50)]
 
 
@@ -130,7 +138,15 @@ def test_gated_activations(dtype, op) -> None:
     _close(getattr(triton_ops, op)(x.to(DEVICE)).cpu(), getattr(reference, op)(x), dtype)
 
 
-def test_fused_experts() -> None:
-    case = _experts_case(torch.float32)
-    actual = triton_ops.fused_experts(*(t.to(DEVICE) for t in case), "gelu_tanh").cpu()
-    _close(actual, reference.fused_experts(*case, "gelu_tanh"), torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("tokens", "activation"),
+    # One token; several per expert; more than a block of rows for some experts.
+    [(1, "silu"), (11, "gelu_tanh"), (70, "silu")],
+)
+def test_fused_experts(dtype, tokens, activation) -> None:
+    """The grouped matmuls over pairs sorted by expert (an expert no token chooses
+    included) against the reference's loop over experts."""
+    case = _experts_case(dtype, tokens)
+    actual = triton_ops.fused_experts(*(t.to(DEVICE) for t in case), activation).cpu()
+    _close(actual, reference.fused_experts(*case, activation), dtype)

@@ -1,6 +1,7 @@
 """Owns the model and the KV cache tensors; turns a scheduled step into one forward pass."""
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -23,15 +24,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("genfleet.engine")
 
 
-def kv_heads_of(model: CausalLM) -> int:
-    """The KV heads this process's cache holds (its rank's, under tensor parallelism)."""
-    return model.model.attentions()[0].num_kv_heads
+def kv_cache_shape(model: CausalLM, blocks: int, block_size: int) -> tuple[int, ...]:
+    """The cache of ``blocks`` blocks as this process holds it: [kinds, layers, blocks,
+    block_size, KV heads (its rank's, under tensor parallelism), row width], kinds 2
+    (key rows, value rows) or 1 where the values are read from the key rows
+    (multi-head latent attention's latents)."""
+    attention = model.model.attentions()[0]
+    kinds = 1 if attention.values_in_keys else 2
+    layers = model.config.num_hidden_layers
+    return (kinds, layers, blocks, block_size, attention.num_kv_heads, attention.cache_width)
 
 
 def kv_bytes_per_block(model: CausalLM, config: EngineConfig) -> int:
-    hf = model.config
-    per_token = 2 * hf.num_hidden_layers * kv_heads_of(model) * model.traits.head_dim
-    return per_token * config.block_size * config.cache_torch_dtype.itemsize
+    elements = math.prod(kv_cache_shape(model, 1, config.block_size))
+    return elements * config.cache_torch_dtype.itemsize
 
 
 def max_step_seqs(config: EngineConfig, max_model_len: int) -> int:
@@ -153,22 +159,14 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, inputs.meta)
 
     def _allocate_kv_cache(self) -> None:
-        hf = self.model.config
-        shape = (
-            2,
-            hf.num_hidden_layers,
-            self.num_blocks + 1,  # the last: scratch for a padded decode's padding rows
-            self.config.block_size,
-            kv_heads_of(self.model),
-            self.model.traits.head_dim,
-        )
+        # The last block: scratch for a padded decode's padding rows.
+        shape = kv_cache_shape(self.model, self.num_blocks + 1, self.config.block_size)
         self.kv_cache = torch.zeros(shape, dtype=self.config.cache_torch_dtype, device=self.device)
         self.buffers.scratch_block = self.num_blocks
         # Scales of 1.0 (vLLM's default) cost nothing: only calculated ones are kept.
         scaled = self.kv_cache.element_size() == 1 and self.config.calculate_kv_scales
         for i, attention in enumerate(self.model.model.attentions()):
-            attention.key_cache = self.kv_cache[0, i]
-            attention.value_cache = self.kv_cache[1, i]
+            attention.bind_cache(self.kv_cache[:, i])
             if scaled:
                 attention.k_scale = torch.ones((), device=self.device)
                 attention.v_scale = torch.ones((), device=self.device)

@@ -16,6 +16,8 @@ from worker.models.traits import Traits
 class Attention(nn.Module):
     """This rank's attention heads (all of them without tensor parallelism)."""
 
+    values_in_keys = False  # the cache holds key rows and value rows
+
     def __init__(
         self, config: PretrainedConfig, traits: Traits, index: int, tp: TensorParallel
     ) -> None:
@@ -23,11 +25,12 @@ class Attention(nn.Module):
         self.tp = tp
         self.num_heads = tp.split(config.num_attention_heads, "attention heads")
         self.num_kv_heads, _ = tp.kv_heads(config.num_key_value_heads)
-        self.head_dim = traits.head_dim
+        self.head_dim = self.cache_width = traits.head_dim
         self.scale = traits.scale
         layer = traits.layers[index]
         self.sliding_window = layer.sliding_window
         self.rope = layer.rope
+        self.is_neox = not traits.interleaved_rope
         self.logit_softcap = traits.attn_logit_softcap
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -50,6 +53,10 @@ class Attention(nn.Module):
         self.v_scale: torch.Tensor | None = None
         self.calculate_scales = False
 
+    def bind_cache(self, layer_cache: torch.Tensor) -> None:
+        """Take this layer's keys and values ([2, blocks, block_size, kv heads, head_dim])."""
+        self.key_cache, self.value_cache = layer_cache[0], layer_cache[1]
+
     def forward(
         self,
         positions: torch.Tensor,
@@ -62,7 +69,7 @@ class Attention(nn.Module):
         if self.qk_norm != "none":
             q, k = self._normed(q, k)
         if self.rope is not None:
-            rotary_embedding(positions, q, k, rope_tables[self.rope], self.head_dim, True)
+            rotary_embedding(positions, q, k, rope_tables[self.rope], self.head_dim, self.is_neox)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.k_scale is not None and self.v_scale is not None:

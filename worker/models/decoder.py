@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from worker.models.attention import Attention
 from worker.models.attention_metadata import AttentionMetadata
+from worker.models.latent_attention import LatentAttention
 from worker.models.layers import MLP, Embedding, RMSNorm
 from worker.models.linear import BlockForms, Linear, choose_block_forms
 from worker.models.moe import Experts, SparseMoE
@@ -32,7 +33,11 @@ class DecoderLayer(nn.Module):
         self, config: PretrainedConfig, traits: Traits, index: int, tp: TensorParallel
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, traits, index, tp)
+        self.self_attn: Attention | LatentAttention
+        if traits.latent is None:
+            self.self_attn = Attention(config, traits, index, tp)
+        else:
+            self.self_attn = LatentAttention(config, traits, index, tp)
         mlp_bias, activation, moe = traits.mlp_bias, traits.activation, traits.moe
         self.mlp: MLP | SparseMoE
         if moe is not None and index in moe.sparse_layers:
@@ -99,7 +104,7 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def attentions(self) -> list[Attention]:
+    def attentions(self) -> list[Attention | LatentAttention]:
         """Each decoder layer's attention, in order (``ModuleList`` items are untyped)."""
         return [layer.self_attn for layer in self.layers if isinstance(layer, DecoderLayer)]
 

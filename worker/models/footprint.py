@@ -23,18 +23,21 @@ class WeightFootprint:
 
 
 def weight_footprint(model: nn.Module) -> WeightFootprint:
-    formats: set[str] = set()
-    total = 0
-    for module in model.modules():
-        stored = getattr(module, "stored_as", None)
-        if stored is not None:
-            formats.add(stored[0])
-            total += stored[1]
-        total += getattr(module, "dense_nbytes", 0)  # de-quantized copies (Linear.keep_dense)
-    floats = {p.dtype for p in model.parameters()}
-    total += sum(p.numel() * p.element_size() for p in model.parameters())
-    names = sorted(formats) + sorted(dtype_name(dtype) for dtype in floats)
+    formats = {stored[0] for m in model.modules() if (stored := getattr(m, "stored_as", None))}
+    names = sorted(formats) + sorted({dtype_name(p.dtype) for p in model.parameters()})
+    total = held_bytes(model)
     return WeightFootprint("+".join(names), total, total - _idle_expert_bytes(model))
+
+
+def held_bytes(module: nn.Module) -> int:
+    """The bytes of ``module``'s weights: parameters, blocks, and de-quantized copies of
+    block layers (``Linear.keep_dense``)."""
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    for layer in module.modules():
+        stored = getattr(layer, "stored_as", None)
+        total += 0 if stored is None else stored[1]
+        total += getattr(layer, "dense_nbytes", 0)
+    return total
 
 
 def _idle_expert_bytes(model: nn.Module) -> int:
@@ -43,6 +46,5 @@ def _idle_expert_bytes(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, SparseMoE):
             moe = module.moe
-            stacked = sum(p.numel() * p.element_size() for p in module.experts.parameters())
-            idle += stacked * (moe.experts - moe.top_k) // moe.experts
+            idle += held_bytes(module.experts) * (moe.experts - moe.top_k) // moe.experts
     return idle

@@ -37,6 +37,7 @@ from worker.models.decoder import CausalLM
 from worker.models.fused import checkpoint_parts, part_rows
 from worker.models.layers import Embedding
 from worker.models.linear import Linear
+from worker.models.moe import Experts
 from worker.models.sharding import VOCAB_PARALLEL, TensorParallel
 
 log = logging.getLogger("genfleet.engine")
@@ -50,6 +51,9 @@ PERMUTED_ROWS = {
     "self_attn.k_proj": "num_key_value_heads",
 }
 PERMUTING_ARCHITECTURES = ("llama", "mistral", "granite", "smollm3")
+# The engine's stacked experts' parameters and the checkpoint projections they hold.
+STACKED_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 def is_gguf_file(path: Path) -> bool:
@@ -106,6 +110,7 @@ class _Checkpoint:
         self.config = config
         self.tp = tp
         self.used: set[str] = set()
+        self.wholes: dict[str, torch.Tensor] = {}  # de-quantized tensors, by file name
 
     def tensor(self, module: str, suffix: str) -> ReaderTensor | None:
         name = self.names.get_name(module)
@@ -146,41 +151,94 @@ class _Checkpoint:
         kinds = {tensor.tensor_type for _, tensor, _ in sources}
         if not sources or len(kinds) != 1 or kinds.pop() not in LINEAR_TYPES:
             return None
-        ggml_type = GGMLQuantizationType(sources[0][1].tensor_type)
-        block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
-        in_features = int(sources[0][1].shape[0])
-        blocks = []
+        pieces = []
         for part, tensor, part_slice in sources:
             data = self._rows(part, torch.from_numpy(np.array(tensor.data)), part_slice)
+            pieces.append((part, data))
+            self.used.add(tensor.name)
+        weight = self._blocks(sources[0][1], pieces)
+        if module.split(".")[-1] not in VOCAB_PARALLEL:
+            return weight
+        # The last rank's rows past the vocabulary.
+        _, padded, _ = self.tp.vocab_rows(self.config.vocab_size)
+        data = weight.data
+        data = torch.cat([data, data.new_zeros(padded - data.shape[0], data.shape[1])])
+        return QuantizedWeight(weight.ggml_type, data, padded, weight.in_features)
+
+    def expert_tensors(self, module: str) -> dict[str, ReaderTensor] | None:
+        """The 3-D tensors (``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps``: every
+        expert's rows) of the experts ``module``, by projection; None if it has none."""
+        found = {part: self.tensor(f"{module}.{part}", "weight") for part in EXPERT_PROJECTIONS}
+        tensors = {part: tensor for part, tensor in found.items() if tensor is not None}
+        return tensors if len(tensors) == len(found) else None
+
+    def quantized_experts(
+        self, module: str
+    ) -> tuple[list[QuantizedWeight], list[QuantizedWeight]] | None:
+        """Each expert's gate/up (fused) and down weights in blocks, if the formats allow."""
+        tensors = self.expert_tensors(module)
+        if tensors is None:
+            return None
+        kinds = [tensor.tensor_type for tensor in tensors.values()]
+        if any(kind not in LINEAR_TYPES for kind in kinds) or kinds[0] != kinds[1]:
+            return None  # gate and up fuse only in one format
+        data = {part: torch.from_numpy(np.array(t.data)) for part, t in tensors.items()}
+        self.used.update(tensor.name for tensor in tensors.values())
+
+        def expert(e: int, parts: tuple[str, ...]) -> QuantizedWeight:
+            pieces = [(f"{module}.{e}.{part}", data[part][e]) for part in parts]
+            return self._blocks(tensors[parts[0]], pieces)
+
+        count = data["down_proj"].shape[0]
+        gate_up = [expert(e, ("gate_proj", "up_proj")) for e in range(count)]
+        return gate_up, [expert(e, ("down_proj",)) for e in range(count)]
+
+    def _blocks(
+        self, tensor: ReaderTensor, pieces: list[tuple[str, torch.Tensor]]
+    ) -> QuantizedWeight:
+        """The blocks of ``pieces`` ((checkpoint module, [rows, row bytes]) in ``tensor``'s
+        format), each cut to this rank's part, fused in order."""
+        ggml_type = GGMLQuantizationType(tensor.tensor_type)
+        block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        in_features = int(tensor.shape[0])
+        blocks = []
+        for part, data in pieces:
             # This rank's rows, or whole blocks of each row (tensor parallelism).
             split = self.tp.split_of(f"{part}.weight", [data.shape[0], in_features], self.config)
-            if split is not None:
-                data = split.take_blocks(data, block_size, block_bytes)
-            blocks.append(data)
-            self.used.add(tensor.name)
+            blocks.append(
+                data if split is None else split.take_blocks(data, block_size, block_bytes)
+            )
         data = torch.cat(blocks)
-        if module.split(".")[-1] in VOCAB_PARALLEL:  # the last rank's rows past the vocabulary
-            _, padded, _ = self.tp.vocab_rows(self.config.vocab_size)
-            data = torch.cat([data, data.new_zeros(padded - data.shape[0], data.shape[1])])
-        in_local = data.shape[1] // block_bytes * block_size
-        return QuantizedWeight(ggml_type, data, data.shape[0], in_local)
+        return QuantizedWeight(
+            ggml_type, data, data.shape[0], data.shape[1] // block_bytes * block_size
+        )
 
     def float_tensors(self, model: CausalLM) -> dict[str, torch.Tensor]:
         """Every tensor of ``model``'s checkpoint not kept in blocks, de-quantized, by its
-        Hugging Face name (a fused one's parts by theirs)."""
-        out, wholes = {}, {}
+        Hugging Face name (a fused one's parts by theirs; stacked experts' by each
+        expert's, as a safetensors checkpoint names them)."""
+        out = {}
         for name, _ in model.named_parameters():
             module, _, suffix = name.rpartition(".")
+            experts = self.expert_tensors(module) if suffix in STACKED_EXPERTS else None
+            if experts is not None:
+                for part in STACKED_EXPERTS[suffix]:
+                    for e, rows in enumerate(self._dequantized(experts[part])):
+                        out[f"{module}.{e}.{part}.weight"] = rows
+                continue
             for part, tensor, rows in self.sources(module, suffix):
-                if tensor.name in self.used:
-                    continue
-                if tensor.name not in wholes:  # a fused tensor: once for all its parts
-                    values = dequantize(tensor.data, tensor.tensor_type)
-                    shape = [int(size) for size in reversed(tensor.shape)]
-                    value = torch.from_numpy(np.array(values, dtype=np.float32))  # writable
-                    wholes[tensor.name] = value.reshape(shape)
-                out[f"{part}.{suffix}"] = self._rows(part, wholes[tensor.name], rows)
+                if tensor.name not in self.used:
+                    out[f"{part}.{suffix}"] = self._rows(part, self._dequantized(tensor), rows)
         return out
+
+    def _dequantized(self, tensor: ReaderTensor) -> torch.Tensor:
+        """``tensor`` in float32 (once: a fused tensor serves all its parts)."""
+        if tensor.name not in self.wholes:
+            values = dequantize(tensor.data, tensor.tensor_type)
+            shape = [int(size) for size in reversed(tensor.shape)]
+            value = torch.from_numpy(np.array(values, dtype=np.float32))  # writable
+            self.wholes[tensor.name] = value.reshape(shape)
+        return self.wholes[tensor.name]
 
     def formats(self) -> str:
         counts = Counter(GGMLQuantizationType(t.tensor_type).name for t in self.tensors.values())
@@ -196,9 +254,18 @@ def load_gguf_model(
     config = load_gguf_config(path)
     with torch.device("meta"):
         model = CausalLM(config, tp)  # an unsupported architecture stops here
+    if model.traits.latent is not None:
+        raise ValueError(
+            f"{path.name}: GGUF files of models with multi-head latent attention (DeepSeek) "
+            "are not read yet; serve the model's safetensors checkpoint"
+        )
     checkpoint = _Checkpoint(read_gguf(path), config, tp)
-    for name, module in model.named_modules():
-        if isinstance(module, Linear):
+    for name, module in list(model.named_modules()):  # experts add block layers
+        if isinstance(module, Experts):
+            experts = checkpoint.quantized_experts(name)
+            if experts is not None:
+                module.use_quantized(*([w.to(device) for w in weights] for weights in experts))
+        elif isinstance(module, Linear):
             weight = checkpoint.quantized(name)
             if weight is not None:
                 module.use_quantized(weight.to(device))

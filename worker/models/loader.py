@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from worker.models.attention import Attention
 from worker.models.decoder import CausalLM
 from worker.models.fused import FUSED_SHARDS, part_rows
 from worker.models.gguf import is_gguf_file, load_gguf_config, load_gguf_model
@@ -44,12 +45,14 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise ValueError(f"model folder {str(folder)!r} has no safetensors weights")
 
 
-def _shard_sizes(model: CausalLM, fused: str) -> list[int]:
-    attn = model.model.attentions()[0]
+def _shard_sizes(model: CausalLM, fused: str, rows: int) -> list[int]:
+    """The rows of each part of a fused parameter of ``rows`` rows: q, k and v, or
+    gate and up (halves: a shared expert's MLP is not ``intermediate_size`` wide)."""
     if fused == "qkv_proj":
+        attn = model.model.attentions()[0]
+        assert isinstance(attn, Attention)
         return [attn.q_size, attn.kv_size, attn.kv_size]
-    size = model.tp.split(model.config.intermediate_size, "intermediate features")
-    return [size, size]
+    return [rows // 2, rows // 2]
 
 
 def _target(
@@ -61,22 +64,35 @@ def _target(
     if name == "lm_head.weight" and model.tie_word_embeddings:
         return None
     parts = name.split(".")
+    if _beyond_the_layers(model, parts):
+        return None
     expert = _expert_target(params, parts)
     if expert is not None:
         return expert
     for i, part in enumerate(parts):
-        if part in FUSED_SHARDS:
-            fused, shard = FUSED_SHARDS[part]
-            fused_name = ".".join([*parts[:i], fused, *parts[i + 1 :]])
-            sizes = _shard_sizes(model, fused)
-            start = sum(sizes[:shard])
-            return fused_name, params[fused_name][start : start + sizes[shard]]
+        if part not in FUSED_SHARDS:
+            continue
+        fused, shard = FUSED_SHARDS[part]
+        fused_name = ".".join([*parts[:i], fused, *parts[i + 1 :]])
+        if fused_name not in params:  # a part the model keeps as it is (MLA's q_proj)
+            continue
+        sizes = _shard_sizes(model, fused, params[fused_name].shape[0])
+        start = sum(sizes[:shard])
+        return fused_name, params[fused_name][start : start + sizes[shard]]
     if name not in params:
         raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
     if len(parts) > 1 and parts[-2] in VOCAB_PARALLEL:  # this rank's rows, not the padding
         _, _, real = model.tp.vocab_rows(model.config.vocab_size)
         return name, params[name][:real]
     return name, params[name]
+
+
+def _beyond_the_layers(model: CausalLM, parts: list[str]) -> bool:
+    """A tensor of a layer past ``num_hidden_layers``: DeepSeek V3's multi-token
+    prediction layer, which the engine does not run."""
+    if parts[:2] != ["model", "layers"] or len(parts) < 3 or not parts[2].isdigit():
+        return False
+    return int(parts[2]) >= model.config.num_hidden_layers
 
 
 def _expert_target(

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from kernels import PackedLinear, fused_experts, grouped_experts
+from kernels.quantized_weight import QuantizedWeight
 from worker.models.layers import GATED_ACTIVATIONS, MLP
 from worker.models.linear import Linear, pack_for_cpu
 from worker.models.sharding import TensorParallel
@@ -52,31 +53,59 @@ def route(
 
 
 class Experts(nn.Module):
-    """Every expert's gate/up and down weights, stacked; on a CPU also re-laid out per
-    expert for the fastest linear the host has (``pack``), as the dense layers are."""
+    """Every expert's gate/up and down weights, stacked; or, from a GGUF file's blocks
+    (``use_quantized``), one block layer per expert and projection, as the dense
+    projections' (re-laid out, de-quantized tiles or copies for many rows). On a CPU
+    the stacked weights are also re-laid out per expert for the fastest linear the
+    host has (``pack``), as the dense layers are."""
 
-    packed: list[tuple[PackedLinear, PackedLinear]] | None = None
+    # Each expert's (gate/up, down) as callables on its rows, where they run apart.
+    per_expert: list[tuple[Callable[[torch.Tensor], torch.Tensor], ...]] | None = None
 
     def __init__(self, moe: MoETraits, hidden: int, tp: TensorParallel) -> None:
         super().__init__()
         size = tp.split(moe.intermediate, "expert intermediate features")
         self.gate_up_proj = nn.Parameter(torch.empty(moe.experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.experts, hidden, size))
+        self.gate_up_blocks = nn.ModuleList()
+        self.down_blocks = nn.ModuleList()
+
+    def use_quantized(self, gate_up: list[QuantizedWeight], down: list[QuantizedWeight]) -> None:
+        """Serve expert e from ``gate_up[e]`` and ``down[e]``; the stacked floats are dropped."""
+        self.gate_up_blocks.extend(_block_layer(weight) for weight in gate_up)
+        self.down_blocks.extend(_block_layer(weight) for weight in down)
+        self.register_parameter("gate_up_proj", None)
+        self.register_parameter("down_proj", None)
 
     def pack(self) -> None:
+        """After the model's block layers are packed (``CausalLM.pack_weights``)."""
+        if len(self.gate_up_blocks):
+            self.per_expert = list(zip(self.gate_up_blocks, self.down_blocks, strict=True))
+            return
         forms = [
             (pack_for_cpu(gate_up), pack_for_cpu(down))
             for gate_up, down in zip(self.gate_up_proj, self.down_proj, strict=True)
         ]
-        packed = [(gate_up, down) for gate_up, down in forms if gate_up and down]
-        self.packed = packed if len(packed) == len(forms) else None
+        if all(gate_up and down for gate_up, down in forms):
+            self.per_expert = [(_unbiased(gate_up), _unbiased(down)) for gate_up, down in forms]
 
-    def run_packed(
+    def run_expert(
         self, expert: int, rows: torch.Tensor, act_and_mul: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        assert self.packed is not None
-        gate_up, down = self.packed[expert]
-        return down(act_and_mul(gate_up(rows, None)), None)
+        assert self.per_expert is not None
+        gate_up, down = self.per_expert[expert]
+        return down(act_and_mul(gate_up(rows)))
+
+
+def _block_layer(weight: QuantizedWeight) -> Linear:
+    layer = Linear(weight.in_features, weight.out_features, bias=False, device="meta")
+    layer.use_quantized(weight)
+    return layer
+
+
+def _unbiased(linear: PackedLinear | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    assert linear is not None
+    return lambda rows: linear(rows, None)
 
 
 class SparseMoE(nn.Module):
@@ -93,14 +122,17 @@ class SparseMoE(nn.Module):
             self.shared_expert = MLP(hidden, moe.shared_intermediate, False, activation, tp)
         if moe.shared_gate:
             self.shared_expert_gate = Linear(hidden, 1, bias=False)
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.empty(moe.experts)) if moe.correction_bias else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.moe)
+        weights, ids = route(self.gate(x), self.moe, self.e_score_correction_bias)
         experts = self.experts
-        if experts.packed is not None:
+        if experts.per_expert is not None:
             gated = GATED_ACTIVATIONS[self.activation]
             out = grouped_experts(
-                x, weights, ids, lambda e, rows: experts.run_packed(e, rows, gated)
+                x, weights, ids, lambda e, rows: experts.run_expert(e, rows, gated)
             )
         else:
             out = fused_experts(

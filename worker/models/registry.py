@@ -4,6 +4,7 @@ its ``model_type``); anything else is refused at start with the list."""
 from transformers import PretrainedConfig
 
 from worker.models.families import (
+    deepseek,
     gemma2,
     gemma3,
     granite,
@@ -27,6 +28,8 @@ FAMILIES: tuple[Family, ...] = (
     mixtral.FAMILY,
     qwen_moe.QWEN2_MOE,
     qwen_moe.QWEN3_MOE,
+    deepseek.DEEPSEEK_V2,
+    deepseek.DEEPSEEK_V3,
 )
 SUPPORTED_ARCHITECTURES = tuple(a for family in FAMILIES for a in family.architectures)
 

@@ -28,6 +28,9 @@ from transformers import PretrainedConfig
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")
+# Split by attention heads: q, and multi-head latent attention's q_b and kv_b (each
+# head's rows together; its latent projection is whole on every rank).
+HEAD_PARALLEL = ("q_proj", "q_b_proj", "kv_b_proj")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -105,7 +108,7 @@ class TensorParallel:
                 return None if self.rank == 0 else Split(0, 0, shape[0], zeros=True)
             local = self.split(shape[1], f"{module} input features")
             return Split(1, self.rank * local, local)
-        if module == "q_proj":
+        if module in HEAD_PARALLEL:
             head_dim = shape[0] // config.num_attention_heads
             local = self.split(config.num_attention_heads, "attention heads") * head_dim
             return Split(0, self.rank * local, local)

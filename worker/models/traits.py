@@ -43,6 +43,21 @@ class MoETraits:
     top_groups: int = 1
     group_score: Literal["max", "top2_sum"] = "max"
     routed_scaling: float = 1.0
+    # DeepSeek V3: a learned per-expert bias added to the scores that pick experts.
+    correction_bias: bool = False
+
+
+@dataclass(frozen=True)
+class LatentTraits:
+    """Multi-head latent attention (DeepSeek V2/V3): every head's keys and values come
+    from one compressed latent of ``kv_lora_rank`` features per token, which the cache
+    holds beside the ``rope_dim`` rotary key that all heads share."""
+
+    kv_lora_rank: int
+    q_lora_rank: int  # q through a low-rank projection and its norm (0: one projection)
+    nope_dim: int  # each head's q/k features without rotary
+    rope_dim: int  # each head's q/k features with rotary
+    value_dim: int
 
 
 @dataclass(frozen=True)
@@ -69,7 +84,10 @@ class Traits:
     final_logit_softcap: float = 0.0
     # Rotary tables by name: the config (and layer type) each is computed from.
     rope_tables: tuple[str, ...] = ("default",)
+    # Rotary over interleaved pairs (x0, x1), (x2, x3)... (DeepSeek) instead of halves.
+    interleaved_rope: bool = False
     moe: MoETraits | None = None
+    latent: LatentTraits | None = None
 
     @property
     def scale(self) -> float:

@@ -9,10 +9,14 @@ import torch
 from gguf import GGMLQuantizationType
 
 BLOCK = 32
-# model_type -> llama.cpp's architecture name, where they differ.
-ARCHITECTURES = {"gemma3_text": "gemma3"}
+# model_type -> llama.cpp's architecture name, where they differ (it writes Mixtral as Llama).
+ARCHITECTURES = {
+    "gemma3_text": "gemma3", "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+}  # fmt: skip
 # llama.cpp's converter permutes q and k rows for Llama and its subclasses.
 PERMUTED = ("llama", "mistral", "granite", "smollm3")
+# It keeps the routers (and Qwen2-MoE's shared-expert gate) in F32.
+ROUTERS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
 # It stores Gemma's (1 + w) norms with the 1 added.
 NORMS_PLUS_ONE = ("gemma2", "gemma3")
 
@@ -32,6 +36,23 @@ def _stored(name: str, values: np.ndarray, config: object, architecture: str) ->
     if architecture in NORMS_PLUS_ONE and name.endswith("norm.weight"):
         return values + np.float32(1.0)
     return values
+
+
+def _checkpoint_tensors(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The model's tensors as a checkpoint names them: stacked experts as each
+    projection's [experts, rows, features] (llama.cpp's ``ffn_*_exps``)."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        values = tensor.float().numpy()
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = np.split(values, 2, axis=1)
+            out[name.replace("gate_up_proj", "gate_proj.weight")] = gate
+            out[name.replace("gate_up_proj", "up_proj.weight")] = up
+        elif name.endswith("experts.down_proj"):
+            out[f"{name}.weight"] = values
+        else:
+            out[name] = values
+    return out
 
 
 def write_gguf(
@@ -63,15 +84,16 @@ def write_gguf(
     writer.add_vocab_size(config.vocab_size)
     arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
+    for name, values in _checkpoint_tensors(model).items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert target is not None, f"{architecture}: no GGUF name for {name}"
-        values = _stored(name, tensor.float().numpy(), config, architecture)
+        values = _stored(name, values, config, architecture)
         kind = embedding_type if name == "model.embed_tokens.weight" else ggml_type
+        kind = GGMLQuantizationType.F32 if name.endswith(ROUTERS) else kind
         kind = (formats or {}).get(name, kind)
-        if values.ndim == 2 and kind != GGMLQuantizationType.F32:
+        if values.ndim >= 2 and kind != GGMLQuantizationType.F32:
             writer.add_tensor(target, gguf.quants.quantize(values, kind), raw_dtype=kind)
         else:
             writer.add_tensor(target, np.ascontiguousarray(values))

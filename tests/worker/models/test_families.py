@@ -74,7 +74,7 @@ def test_an_unknown_architecture_is_refused_with_the_supported_list() -> None:
         CausalLM(config)
     for architecture in ("Qwen3ForCausalLM", "Gemma2ForCausalLM", "Olmo2ForCausalLM"):
         assert architecture in str(refused.value)
-    assert len(SUPPORTED_ARCHITECTURES) == 13
+    assert len(SUPPORTED_ARCHITECTURES) == 15
 
 
 def test_olmo2_refuses_tensor_parallelism_with_its_reason(family_models) -> None:

@@ -10,23 +10,30 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from tests.conftest import hf_greedy
-from tests.worker.models.gguf_files import write_gguf
+from tests.conftest import build_model, hf_greedy
+from tests.worker.models.families import FAMILY_MODELS
+from tests.worker.models.gguf_files import ROUTERS, write_gguf
 from tests.worker.models.test_families import _prompts
 from worker import LLM, SamplingParams
 from worker.models.linear import Linear
+from worker.models.moe import Experts
 
 Q8_0 = GGMLQuantizationType.Q8_0
-GGUF_FAMILIES = ("qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3")
+GGUF_FAMILIES = (
+    "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
+    "mixtral", "qwen2-moe", "qwen3-moe",
+)  # fmt: skip
 MAX_TOKENS = 12
+# llama.cpp's qwen2moe has no dense MLP tensors: its files have experts on every layer.
+NO_DENSE_LAYERS = {"qwen2-moe": {"mlp_only_layers": []}}
 
 
 def _dequantized_twin(model: torch.nn.Module, kind: GGMLQuantizationType) -> torch.nn.Module:
     """``model`` with each matrix as the file holds it: quantized to ``kind`` and back."""
     twin = copy.deepcopy(model)
     with torch.no_grad():
-        for param in twin.parameters():
-            if param.ndim == 2:
+        for name, param in twin.named_parameters():
+            if param.ndim >= 2 and not name.endswith(ROUTERS):
                 blocks = gguf.quants.quantize(param.numpy(), kind)
                 param.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, kind)))
     return twin
@@ -38,6 +45,9 @@ def test_each_family_s_gguf_decodes_as_its_dequantized_twin(
 ) -> None:
     monkeypatch.setenv("GENFLEET_KERNELS", "torch")  # exact with the de-quantized weights
     folder, hf_model = family_models(kind)
+    if kind in NO_DENSE_LAYERS:
+        folder = tmp_path / "hf"
+        hf_model = build_model(FAMILY_MODELS[kind], folder, **NO_DENSE_LAYERS[kind])
     path = write_gguf(hf_model, tmp_path / "model.gguf", Q8_0)
     shutil.copy(folder / "config.json", tmp_path)  # families transformers cannot read a GGUF of
     twin = _dequantized_twin(hf_model, Q8_0)
@@ -46,7 +56,10 @@ def test_each_family_s_gguf_decodes_as_its_dequantized_twin(
     with LLM(str(path), max_num_seqs=8) as llm:
         model = llm.engine.runner.model
         linears = [m for m in model.modules() if isinstance(m, Linear)]
-        assert all(m.quantized is not None for m in linears)
+        routers = [m for name, m in model.named_modules() if f"{name}.weight".endswith(ROUTERS)]
+        assert all(m.quantized is not None for m in linears if m not in routers)
+        experts = [m for m in model.modules() if isinstance(m, Experts)]
+        assert all(len(m.gate_up_blocks) == len(m.down_blocks) > 0 for m in experts)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     for prompt, output in zip(prompts, outputs, strict=True):
         assert output.outputs[0].token_ids == hf_greedy(twin, prompt, MAX_TOKENS)
