@@ -226,10 +226,34 @@ class _Checkpoint:
                     for e, rows in enumerate(self._dequantized(experts[part])):
                         out[f"{module}.{e}.{part}.weight"] = rows
                 continue
+            latent = self._latent_tensor(module, suffix)
+            if latent is not None:
+                out[name] = latent
+                continue
             for part, tensor, rows in self.sources(module, suffix):
                 if tensor.name not in self.used:
                     out[f"{part}.{suffix}"] = self._rows(part, self._dequantized(tensor), rows)
         return out
+
+    def _latent_tensor(self, module: str, suffix: str) -> torch.Tensor | None:
+        """DeepSeek's tensors that llama.cpp stores otherwise than their module: the
+        router's correction bias as ``exp_probs_b.bias``, and ``kv_b_proj`` split per
+        head into ``attn_k_b`` ([heads, latent, key], each head's W_UK transposed) and
+        ``attn_v_b`` ([heads, value, latent]), as its converter has written it since it
+        runs latent attention (older files keep ``attn_kv_b``, read as it is)."""
+        if suffix == "e_score_correction_bias":
+            tensor = self.tensor(f"{module}.e_score_correction", "bias")
+            return None if tensor is None else self._dequantized(tensor)
+        if not module.endswith("kv_b_proj") or self.tensor(module, suffix) is not None:
+            return None
+        attention = module.rpartition(".")[0]
+        k_b = self.tensor(f"{attention}.k_b_proj", suffix)
+        v_b = self.tensor(f"{attention}.v_b_proj", suffix)
+        if k_b is None or v_b is None:
+            return None
+        keys = self._dequantized(k_b).transpose(1, 2)  # [heads, key, latent]
+        heads_rows = torch.cat([keys, self._dequantized(v_b)], dim=1)
+        return heads_rows.reshape(-1, heads_rows.shape[-1])
 
     def _dequantized(self, tensor: ReaderTensor) -> torch.Tensor:
         """``tensor`` in float32 (once: a fused tensor serves all its parts)."""
@@ -254,11 +278,6 @@ def load_gguf_model(
     config = load_gguf_config(path)
     with torch.device("meta"):
         model = CausalLM(config, tp)  # an unsupported architecture stops here
-    if model.traits.latent is not None:
-        raise ValueError(
-            f"{path.name}: GGUF files of models with multi-head latent attention (DeepSeek) "
-            "are not read yet; serve the model's safetensors checkpoint"
-        )
     checkpoint = _Checkpoint(read_gguf(path), config, tp)
     for name, module in list(model.named_modules()):  # experts add block layers
         if isinstance(module, Experts):

@@ -128,7 +128,7 @@ FAMILY_MODELS: dict[str, tuple[type, type, dict]] = {
     "deepseek-v3": (
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
-        {**DEEPSEEK, "q_lora_rank": 48, "rope_parameters": YARN},
+        {**DEEPSEEK, "q_lora_rank": 64, "rope_parameters": YARN},
     ),
 }
 FAMILY_KINDS = tuple(FAMILY_MODELS)

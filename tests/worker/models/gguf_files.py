@@ -12,11 +12,14 @@ BLOCK = 32
 # model_type -> llama.cpp's architecture name, where they differ (it writes Mixtral as Llama).
 ARCHITECTURES = {
     "gemma3_text": "gemma3", "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+    "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2",
 }  # fmt: skip
 # llama.cpp's converter permutes q and k rows for Llama and its subclasses.
 PERMUTED = ("llama", "mistral", "granite", "smollm3")
-# It keeps the routers (and Qwen2-MoE's shared-expert gate) in F32.
-ROUTERS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
+# It keeps the routers (and Qwen2-MoE's shared-expert gate) in F32; so do these files
+# DeepSeek's per-head attn_k_b / attn_v_b (kv_b_proj's parts), so that a de-quantized
+# twin need not quantize kv_b_proj's rows in the per-head order they are stored in.
+F32_TENSORS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight", "kv_b_proj.weight")
 # It stores Gemma's (1 + w) norms with the 1 added.
 NORMS_PLUS_ONE = ("gemma2", "gemma3")
 
@@ -50,6 +53,14 @@ def _checkpoint_tensors(model: torch.nn.Module) -> dict[str, np.ndarray]:
             out[name.replace("gate_up_proj", "up_proj.weight")] = up
         elif name.endswith("experts.down_proj"):
             out[f"{name}.weight"] = values
+        elif name.endswith("kv_b_proj.weight"):  # per head: W_UK transposed, and W_UV
+            heads = model.config.num_attention_heads
+            per_head = values.reshape(heads, -1, values.shape[-1])
+            keys, values = np.split(per_head, [model.config.qk_nope_head_dim], axis=1)
+            out[name.replace("kv_b_proj", "k_b_proj")] = np.ascontiguousarray(keys.swapaxes(1, 2))
+            out[name.replace("kv_b_proj", "v_b_proj")] = values
+        elif name.endswith("e_score_correction_bias"):
+            out[name.replace("e_score_correction_bias", "e_score_correction.bias")] = values
         else:
             out[name] = values
     return out
@@ -91,9 +102,11 @@ def write_gguf(
         assert target is not None, f"{architecture}: no GGUF name for {name}"
         values = _stored(name, values, config, architecture)
         kind = embedding_type if name == "model.embed_tokens.weight" else ggml_type
-        kind = GGMLQuantizationType.F32 if name.endswith(ROUTERS) else kind
+        f32 = name.endswith(F32_TENSORS) or name.endswith(("k_b_proj.weight", "v_b_proj.weight"))
+        kind = GGMLQuantizationType.F32 if f32 else kind
         kind = (formats or {}).get(name, kind)
-        if values.ndim >= 2 and kind != GGMLQuantizationType.F32:
+        # Rows that do not divide into blocks stay F32, as the converter leaves them.
+        if values.ndim >= 2 and values.shape[-1] % BLOCK == 0 and kind != GGMLQuantizationType.F32:
             writer.add_tensor(target, gguf.quants.quantize(values, kind), raw_dtype=kind)
         else:
             writer.add_tensor(target, np.ascontiguousarray(values))

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from tests.conftest import build_model, hf_greedy
 from tests.worker.models.families import FAMILY_MODELS
-from tests.worker.models.gguf_files import ROUTERS, write_gguf
+from tests.worker.models.gguf_files import F32_TENSORS, write_gguf
 from tests.worker.models.test_families import _prompts
 from worker import LLM, SamplingParams
 from worker.models.linear import Linear
@@ -21,7 +21,7 @@ from worker.models.moe import Experts
 Q8_0 = GGMLQuantizationType.Q8_0
 GGUF_FAMILIES = (
     "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
-    "mixtral", "qwen2-moe", "qwen3-moe",
+    "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v2", "deepseek-v3",
 )  # fmt: skip
 MAX_TOKENS = 12
 # llama.cpp's qwen2moe has no dense MLP tensors: its files have experts on every layer.
@@ -33,7 +33,7 @@ def _dequantized_twin(model: torch.nn.Module, kind: GGMLQuantizationType) -> tor
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for name, param in twin.named_parameters():
-            if param.ndim >= 2 and not name.endswith(ROUTERS):
+            if param.ndim >= 2 and not name.endswith(F32_TENSORS):
                 blocks = gguf.quants.quantize(param.numpy(), kind)
                 param.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, kind)))
     return twin
@@ -56,8 +56,8 @@ def test_each_family_s_gguf_decodes_as_its_dequantized_twin(
     with LLM(str(path), max_num_seqs=8) as llm:
         model = llm.engine.runner.model
         linears = [m for m in model.modules() if isinstance(m, Linear)]
-        routers = [m for name, m in model.named_modules() if f"{name}.weight".endswith(ROUTERS)]
-        assert all(m.quantized is not None for m in linears if m not in routers)
+        in_f32 = [m for name, m in model.named_modules() if f"{name}.weight".endswith(F32_TENSORS)]
+        assert all(m.quantized is not None for m in linears if m not in in_f32)
         experts = [m for m in model.modules() if isinstance(m, Experts)]
         assert all(len(m.gate_up_blocks) == len(m.down_blocks) > 0 for m in experts)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)

@@ -13,8 +13,9 @@ the chosen weights rescaled to sum to 1 (``norm_topk_prob``). Both times
 
 The checkpoint names the shared MLP ``shared_experts`` and V3's bias
 ``gate.e_score_correction_bias``; V3's multi-token-prediction layers (past
-``num_hidden_layers``) are not served and are skipped at load. GGUF files of
-DeepSeek (llama.cpp's ``deepseek2``) are not read yet: they are refused."""
+``num_hidden_layers``) are not served and are skipped at load. llama.cpp writes both
+as ``deepseek2``, a config transformers does not read from the file: a GGUF needs the
+model's config.json beside it (``worker.models.gguf``)."""
 
 import dataclasses
 import math
