@@ -51,10 +51,10 @@ def grouped_experts(
     batch-1 decode) runs its k experts in turn: nothing to sort."""
     tokens, k = topk_ids.shape
     if tokens == 1:
-        out = torch.zeros_like(x)
-        chosen = zip(topk_ids[0].tolist(), topk_weights[0].tolist(), strict=True)
-        for expert, weight in sorted(chosen):
-            out += weight * run_expert(expert, x)
+        chosen = sorted(zip(topk_ids[0].tolist(), topk_weights[0].tolist(), strict=True))
+        out = chosen[0][1] * run_expert(chosen[0][0], x)
+        for expert, weight in chosen[1:]:
+            out.add_(run_expert(expert, x), alpha=weight)
         return out
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)

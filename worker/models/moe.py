@@ -33,6 +33,8 @@ def route(
     ``correction_bias``, which picks but does not weigh); their scores rescaled to sum
     to 1 where the family does, times ``routed_scaling``."""
     logits = logits.float()
+    if moe.scoring == "softmax" and moe.groups == 1 and correction_bias is None:
+        return _softmax_top_k(logits, moe)
     scores = logits.sigmoid() if moe.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     choice = scores if correction_bias is None else scores + correction_bias
     if moe.groups > 1:
@@ -50,6 +52,18 @@ def route(
     if moe.renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return weights * moe.routed_scaling, ids
+
+
+def _softmax_top_k(logits: torch.Tensor, moe: MoETraits) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route`` for a plain softmax router in two ops where it can: the top k of the
+    logits are those of the softmax, and rescaled to sum to 1 their weights are the
+    softmax of the k alone (Mixtral, Qwen3-MoE; a batch-1 decode step pays for every op)."""
+    top, ids = torch.topk(logits, moe.top_k, dim=-1)
+    if moe.renormalize:
+        weights = torch.softmax(top, dim=-1)
+    else:  # each over the whole softmax's sum
+        weights = torch.exp(top - torch.logsumexp(logits, dim=-1, keepdim=True))
+    return weights * moe.routed_scaling if moe.routed_scaling != 1.0 else weights, ids
 
 
 class Experts(nn.Module):
