@@ -96,3 +96,17 @@ def test_an_fp8_latent_cache_picks_what_exact_attention_ranks_near_best(tmp_path
     with torch.no_grad():
         spread = hf_model(torch.tensor([prompts[-1]])).logits.std().item()
     assert _gaps(hf_model, prompts, replies) <= FP8_SHARE_OF_SPREAD * spread
+
+
+def test_latent_rows_serve_the_prefix_cache(family_models) -> None:
+    """Prompts sharing a 40-token prefix: the later ones read its latent rows from
+    cached blocks and still decode as transformers does."""
+    folder, hf_model = family_models("deepseek-v3")
+    shared = _prompts()[3][:40]
+    prompts = [shared + tail for tail in ([5, 6], [7, 8, 9], [10])]
+    expected = [hf_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with LLM(str(folder), block_size=8, enable_prefix_caching=True) as llm:
+        outputs = [llm.generate([{"prompt_token_ids": p}], params)[0] for p in prompts]
+        assert llm.engine.block_manager.prefix_cache_hits > 0
+    assert [o.outputs[0].token_ids for o in outputs] == expected
