@@ -33,6 +33,12 @@ class WorkerAnnouncement(WireModel):
     kv_blocks_free: int = Field(ge=0)
     running: int = Field(ge=0, description="jobs in the engine")
     waiting: int = Field(ge=0, description="jobs taken from Kafka, not yet in the engine")
+    tool_call_parser: str | None = Field(
+        default=None, description="how its replies are read as tool calls"
+    )
+    reasoning_parser: str | None = Field(
+        default=None, description="how its replies are read as reasoning (None: not)"
+    )
     announced_at: float = Field(description="Unix seconds")
 
 

@@ -9,10 +9,12 @@ from pydantic import Field, field_validator, model_validator
 from queue_schemas.bounds import MAX_MESSAGES, JobId, Metadata, Priority, TenantName, TokenId
 from queue_schemas.sampling import SamplingOptions
 from queue_schemas.structured import StructuredOutputs
+from queue_schemas.tools import NamedToolChoice, ToolCall, ToolChoice, Tools, calls_schema
 from queue_schemas.versioning import (
     MODEL_DEFAULTS_VERSION,
     SCHEMA_VERSION,
     STRUCTURED_OUTPUTS_VERSION,
+    TOOLS_VERSION,
     WireModel,
     check_version,
 )
@@ -26,7 +28,20 @@ __all__ = ["ChatMessage", "JobId", "JobRequest", "SamplingOptions", "StructuredO
 
 class ChatMessage(WireModel):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str = ""
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="an assistant's calls (needs schema_version 4)"
+    )
+    tool_call_id: str | None = Field(
+        default=None, description="a tool message: the call it answers"
+    )
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _no_content_is_empty(cls, content: object) -> object:
+        """An assistant message that only calls tools has null content, as OpenAI sends it."""
+        return "" if content is None else content
 
 
 class JobRequest(WireModel):
@@ -45,6 +60,15 @@ class JobRequest(WireModel):
         None
     )
     sampling: SamplingOptions = SamplingOptions()
+    tools: Tools | None = Field(
+        default=None, description="functions the model may call (needs schema_version 4)"
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description="none, auto (the default with tools), required, or "
+        '{"type": "function", "function": {"name": ...}}',
+    )
+    parallel_tool_calls: bool = Field(default=True, description="false: one call at most")
     priority: Priority = Field(default=0, description="lower runs first")
     metadata: Metadata = Field(default_factory=dict, description="echoed in the result")
     deadline: datetime | None = Field(
@@ -63,6 +87,8 @@ class JobRequest(WireModel):
         """Without a version given, a constrained job is written at the version that
         carries the constraint."""
         if isinstance(data, dict) and "schema_version" not in data:
+            if data.get("tools"):
+                return {**data, "schema_version": TOOLS_VERSION}
             sampling = data.get("sampling")
             constrained = (
                 sampling.structured_outputs is not None
@@ -95,6 +121,11 @@ class JobRequest(WireModel):
                 STRUCTURED_OUTPUTS_VERSION,
             ),
             "timeout_s": (self.timeout_s is not None, MODEL_DEFAULTS_VERSION),
+            "tools": (self.tools is not None, TOOLS_VERSION),
+            "messages' tool_calls": (
+                any(m.tool_calls for m in self.messages or []),
+                TOOLS_VERSION,
+            ),
         }
         for name, (given, version) in needs.items():
             if given and self.schema_version < version:
@@ -104,13 +135,46 @@ class JobRequest(WireModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _tool_choice_fits(self) -> "JobRequest":
+        choice = self.tool_choice
+        if choice is None or choice == "none":
+            return self
+        if not self.tools:
+            raise ValueError(f"tool_choice {_choice_name(choice)} needs tools")
+        names = {tool.function.name for tool in self.tools}
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not a tool")
+        if choice != "auto" and self.sampling.structured_outputs is not None:
+            raise ValueError(
+                f"tool_choice {_choice_name(choice)} constrains the output itself: "
+                "drop sampling.structured_outputs"
+            )
+        return self
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """``tool_choice``, or its default: auto with tools, none without."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
     def requested_sampling(self) -> SamplingOptions:
         """The sampling as this record's version means it: from version 3 on, unset
         fields are left to the serving model's defaults; before, they are the neutral
-        values (an old record keeps its meaning)."""
+        values (an old record keeps its meaning). A required or named tool choice adds
+        its constraint: JSON of the calls (``tools.calls_schema``)."""
+        sampling = self.sampling
+        schema = calls_schema(
+            self.tools or [], self.effective_tool_choice, self.parallel_tool_calls
+        )
+        if schema is not None:
+            sampling = sampling.model_copy(
+                update={"structured_outputs": StructuredOutputs(json=schema)}
+            )
         if self.schema_version >= MODEL_DEFAULTS_VERSION:
-            return self.sampling
-        return self.sampling.with_defaults()
+            return sampling
+        return sampling.with_defaults()
 
     def expires_at(self, produced_at: datetime) -> datetime | None:
         """When the job stops being useful: the earlier of ``deadline`` and ``timeout_s``
@@ -132,9 +196,16 @@ class JobRequest(WireModel):
         return self
 
 
-def lowest_version(sampling: SamplingOptions) -> int:
-    """The version a job with these options is written at by a writer that leaves unset
-    fields to the model (the API): the lowest that carries its meaning."""
+def _choice_name(choice: ToolChoice) -> str:
+    return choice.function.name if isinstance(choice, NamedToolChoice) else choice
+
+
+def lowest_version(sampling: SamplingOptions, tools: bool = False) -> int:
+    """The version a job with these options (and ``tools``, or a conversation with tool
+    calls) is written at by a writer that leaves unset fields to the model (the API):
+    the lowest that carries its meaning."""
+    if tools:
+        return TOOLS_VERSION
     if sampling.unset:
         return MODEL_DEFAULTS_VERSION
     if sampling.structured_outputs is not None:

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from queue_schemas.bounds import JobId, TenantName
 from queue_schemas.sampling import SamplingOptions
+from queue_schemas.tools import ToolCall
 from queue_schemas.versioning import SCHEMA_VERSION, WireModel
 
 
@@ -18,7 +19,8 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+# "tool_calls": the reply was read as tool calls (a result at schema_version 4).
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 
 
 class JobStatus(enum.StrEnum):
@@ -69,10 +71,23 @@ class TokenEvent(WireModel):
         return self.token_index + max(len(self.token_ids), 1) - 1
 
 
-class JobResult(WireModel):
+class ReadReply(WireModel):
+    """What a reply's text was read as (``queue_schemas.tool_parsers``): the fields of
+    a job with tools or of a worker with a reasoning parser (schema_version 4)."""
+
+    content: str | None = Field(
+        default=None, description="the text less its reasoning and tool calls"
+    )
+    reasoning: str | None = Field(default=None, description="the model's thinking")
+    tool_calls: list[ToolCall] | None = None
+
+
+class JobResult(ReadReply):
     """The final outcome of a job: the results topic carries one per job id
     (a redelivered job may produce a duplicate with identical content). A result
-    whose status is ``expired`` is written at schema_version 3."""
+    whose status is ``expired`` is written at schema_version 3; one whose text was
+    read (``content``, ``reasoning``, ``tool_calls``) at 4. ``text`` is always the
+    whole text generated."""
 
     kind: Literal["result"] = "result"
     schema_version: int = SCHEMA_VERSION
@@ -96,7 +111,7 @@ class JobResult(WireModel):
     finished_at: datetime | None = None
 
 
-class JobState(WireModel):
+class JobState(ReadReply):
     """The job's Redis hash: what ``GET /v1/jobs/{id}`` reads."""
 
     job_id: JobId

@@ -40,7 +40,7 @@ CLAIMED_AT_FIELD = "result_claimed_at"
 CLAIMANT_FIELD = "result_claimant"
 FINAL_STATUSES = ",".join(status.value for status in JobStatus if status.is_final)
 # The job hash's fields that hold a model, as its JSON.
-NESTED_FIELDS = ("usage", "sampling")
+NESTED_FIELDS = ("usage", "sampling", "tool_calls")
 
 # Lua shared by the scripts below: whether a job status is one of ARGV[1]'s
 # comma-separated final statuses.
@@ -140,6 +140,9 @@ def final_state(result: JobResult, updated_at: datetime) -> JobState:
         tenant=result.tenant,
         status=result.status,
         text=result.text,
+        content=result.content,
+        reasoning=result.reasoning,
+        tool_calls=result.tool_calls,
         finish_reason=result.finish_reason,
         usage=result.usage,
         error=result.error,

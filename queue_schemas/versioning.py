@@ -19,6 +19,10 @@ readers that know only version 1 go on reading everything they can serve:
   ``timeout_s``; and a result whose status is ``expired``. Version 3 is never
   chosen for a record that does not say it: a job written without a version
   keeps the meaning it had.
+- 4: a job with ``tools`` (or a conversation carrying tool calls), which a version-3
+  reader would answer with prose, unaware of them; and a result that carries what its
+  text was read as (``content``, ``reasoning``, ``tool_calls``; finish reason
+  ``tool_calls``).
 """
 
 from pydantic import BaseModel, ConfigDict
@@ -26,7 +30,10 @@ from pydantic import BaseModel, ConfigDict
 SCHEMA_VERSION = 1
 STRUCTURED_OUTPUTS_VERSION = 2
 MODEL_DEFAULTS_VERSION = 3
-SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION, STRUCTURED_OUTPUTS_VERSION, MODEL_DEFAULTS_VERSION})
+TOOLS_VERSION = 4
+SUPPORTED_VERSIONS = frozenset(
+    {SCHEMA_VERSION, STRUCTURED_OUTPUTS_VERSION, MODEL_DEFAULTS_VERSION, TOOLS_VERSION}
+)
 
 
 class UnsupportedVersion(ValueError):

@@ -87,7 +87,9 @@ async def _chunks(
         fleet, tenant.tenant, run.job_ids, resume_when_slow=True
     ):
         if isinstance(event, TokenEvent):
-            yield chunk(shape.delta(position, event))
+            delta = shape.delta(position, event)
+            if delta is not None:
+                yield chunk(delta)
         elif (failure := _failure(event)) is not None:
             # The other choices are of no use now: free their blocks too.
             await cancel_all(fleet, tenant, run, f"a sibling choice {event.status.value}")
@@ -95,7 +97,8 @@ async def _chunks(
             break
         else:
             results[position] = event
-            yield chunk(shape.closing(position, event))
+            for closing in shape.closing(position, event):
+                yield chunk(closing)
     else:
         if include_usage:
             ordered = [results[position] for position in range(len(run.jobs))]
@@ -149,7 +152,8 @@ async def chat_completions(
 ) -> Response:
     deadline = deadlines.deadline(None, body.timeout_s, fleet.settings.chat_completions_timeout_s)
     model = await fleet.models.resolve(body.model)
-    run = build_run(body, new_id("chatcmpl"), model, tenant, deadline)
+    parsers = await fleet.models.reply_parsers(model)
+    run = build_run(body, new_id("chatcmpl"), model, tenant, deadline, parsers)
     return await _respond(fleet, tenant, body, run, request)
 
 

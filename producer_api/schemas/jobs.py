@@ -8,7 +8,8 @@ from queue_schemas import JobRequest, JobState, JobStatus, SamplingOptions, Usag
 from queue_schemas.bounds import JobId, ServedModelName
 from queue_schemas.jobs import lowest_version
 from queue_schemas.messages import now
-from queue_schemas.versioning import MODEL_DEFAULTS_VERSION
+from queue_schemas.tools import ToolCall
+from queue_schemas.versioning import TOOLS_VERSION
 
 
 class JobSubmission(JobRequest):
@@ -19,7 +20,7 @@ class JobSubmission(JobRequest):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Not a wire record: every field this API knows may be sent, whatever the version.
-    schema_version: int = MODEL_DEFAULTS_VERSION
+    schema_version: int = TOOLS_VERSION
     job_id: JobId | None = None  # type: ignore[assignment]
     model: ServedModelName | None = Field(
         default=None, description="the served model (see /v1/models); the fleet's default if unset"
@@ -30,9 +31,10 @@ class JobSubmission(JobRequest):
         excluded = {
             "job_id", "tenant", "created_at", "schema_version", "deadline", "timeout_s", "model",
         }  # fmt: skip
+        tools = self.tools is not None or any(m.tool_calls for m in self.messages or [])
         return JobRequest(
             **self.model_dump(exclude=excluded),
-            schema_version=lowest_version(self.sampling),
+            schema_version=lowest_version(self.sampling, tools),
             job_id=job_id,
             tenant=tenant,
             deadline=deadline,
@@ -49,6 +51,10 @@ class JobView(BaseModel):
     id: str
     status: JobStatus
     text: str = ""
+    # What the text was read as (a job with tools, a worker with a reasoning parser).
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
@@ -62,6 +68,9 @@ class JobView(BaseModel):
             id=state.job_id,
             status=state.status,
             text=state.text if text is None else text,
+            content=state.content,
+            reasoning=state.reasoning,
+            tool_calls=state.tool_calls,
             finish_reason=state.finish_reason,
             usage=state.usage if state.status.is_final else None,
             error=state.error,

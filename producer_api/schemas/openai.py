@@ -8,8 +8,9 @@ the output come as OpenAI's ``response_format``, vLLM's ``structured_outputs``
 or vLLM's older ``guided_json``/``guided_regex``/``guided_choice``/
 ``guided_grammar``: one at a time. A sampling field the body leaves out stays
 unset in the jobs (the worker applies the model's defaults); ``timeout_s`` is
-genfleet's own (``services.deadlines``). Fields this fleet does not implement
-(tools) are ignored, as unknown fields are.
+genfleet's own (``services.deadlines``). ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` are OpenAI's, checked as the jobs check them
+(``queue_schemas.tools``); other fields this fleet does not know are ignored.
 """
 
 from typing import Annotated, Any, Literal
@@ -24,10 +25,10 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from producer_api.schemas.openai_constraints import GUIDED_FIELDS, GuidedChoice, ResponseFormat
 from queue_schemas import ChatMessage, SamplingOptions, StructuredOutputs
 from queue_schemas.bounds import (
     INT64_MIN,
-    MAX_CHOICE_OPTIONS,
     MAX_MESSAGES,
     MAX_STOP_STRINGS,
     MinP,
@@ -45,8 +46,9 @@ from queue_schemas.bounds import (
     TopLogprobs,
     TopP,
 )
-from queue_schemas.jobs import TimeoutSeconds
+from queue_schemas.jobs import JobRequest, TimeoutSeconds, lowest_version
 from queue_schemas.structured import check_json_schema
+from queue_schemas.tools import ToolCall, ToolChoice, Tools
 
 MAX_CHOICES = 16
 # Prompts in one completions request (each is n jobs; the tenant's limits apply too).
@@ -57,47 +59,6 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(BaseModel):
-    name: str = "response"
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    # Accepted as OpenAI has it; the output follows the schema either way.
-    strict: bool | None = None
-
-    @field_validator("schema_")
-    @classmethod
-    def _valid_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
-        return check_json_schema(schema)
-
-
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self) -> "ResponseFormat":
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("type json_schema needs a json_schema object")
-        return self
-
-    def constraint(self) -> StructuredOutputs | None:
-        if self.type == "json_object":
-            return StructuredOutputs(json_object=True)
-        if self.type == "json_schema" and self.json_schema is not None:
-            return StructuredOutputs(json=self.json_schema.schema_)
-        return None
-
-
-GuidedChoice = Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICE_OPTIONS)]
-# vLLM's older names for the fields of structured_outputs.
-GUIDED_FIELDS = {
-    "guided_json": "json",
-    "guided_regex": "regex",
-    "guided_choice": "choice",
-    "guided_grammar": "grammar",
-}
-
-
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
@@ -106,6 +67,9 @@ class TextPart(BaseModel):
 class OpenAIMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool result's
+    name: str | None = None
 
     def as_chat_message(self) -> ChatMessage:
         content = self.content or ""
@@ -113,7 +77,13 @@ class OpenAIMessage(BaseModel):
             content = "".join(part.text for part in content)
         # "developer" is OpenAI's newer name for the system role.
         role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=content)
+        return ChatMessage(
+            role=role,
+            content=content,
+            tool_calls=self.tool_calls or None,
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+        )
 
 
 class GenerationRequest(BaseModel):
@@ -254,6 +224,35 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: OutputTokens | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    def chat_fields(self) -> dict[str, Any]:
+        """The job fields of the conversation: its messages and its tools."""
+        fields: dict[str, Any] = {"messages": [m.as_chat_message() for m in self.messages]}
+        if self.tools is not None or self.tool_choice is not None:
+            fields |= {
+                "tools": self.tools,
+                "tool_choice": self.tool_choice,
+                "parallel_tool_calls": self.parallel_tool_calls,
+            }
+        return fields
+
+    @model_validator(mode="after")
+    def _tools_fit(self) -> "ChatCompletionRequest":
+        """What the jobs refuse about the tools (a choice naming no tool, a constrained
+        choice beside a response format) is a 422 here."""
+        if self.tools is None and self.tool_choice is None:
+            return self
+        try:
+            JobRequest(
+                job_id="check", schema_version=lowest_version(self.sampling(0), tools=True),
+                sampling=self.sampling(0), **self.chat_fields(),
+            )  # fmt: skip
+        except ValidationError as error:
+            raise ValueError("; ".join(_reason(e) for e in error.errors())) from None
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":

@@ -7,6 +7,7 @@ completions' ``text``); everything else about a response is shared.
 import time
 from typing import Any, Protocol
 
+from producer_api.schemas.reply_stream import ReplyStream
 from queue_schemas import JobResult, TokenEvent
 
 Choice = dict[str, Any]
@@ -47,17 +48,21 @@ class Shape(Protocol):
     top: int | None  # logprob alternatives per token; None: no logprobs
 
     def opening(self, index: int) -> Choice | None: ...
-    def delta(self, index: int, event: TokenEvent) -> Choice: ...
-    def closing(self, index: int, result: JobResult) -> Choice: ...
+    def delta(self, index: int, event: TokenEvent) -> Choice | None: ...
+    def closing(self, index: int, result: JobResult) -> list[Choice]: ...
     def whole(self, index: int, result: JobResult, events: list[TokenEvent]) -> Choice: ...
 
 
 class ChatShape:
+    """Chat's choices; each choice's text read as reasoning, content and tool calls as
+    its ``ReplyStream`` reads it (one per choice, in order)."""
+
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, top_logprobs: int | None) -> None:
+    def __init__(self, top_logprobs: int | None, streams: list[ReplyStream]) -> None:
         self.top = top_logprobs
+        self.streams = streams
 
     def _logprobs(self, events: list[TokenEvent]) -> dict[str, Any] | None:
         if self.top is None:
@@ -79,16 +84,30 @@ class ChatShape:
         delta = {"role": "assistant", "content": ""}
         return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
 
-    def delta(self, index: int, event: TokenEvent) -> Choice:
-        return {"index": index, "delta": {"content": event.text},
-                "logprobs": self._logprobs([event]), "finish_reason": None}  # fmt: skip
+    def delta(self, index: int, event: TokenEvent) -> Choice | None:
+        delta = self.streams[index].delta(event.text)
+        logprobs = self._logprobs([event])
+        if delta is None and logprobs is None:
+            return None
+        return {"index": index, "delta": delta or {}, "logprobs": logprobs,
+                "finish_reason": None}  # fmt: skip
 
-    def closing(self, index: int, result: JobResult) -> Choice:
-        return {"index": index, "delta": {}, "logprobs": None,
+    def closing(self, index: int, result: JobResult) -> list[Choice]:
+        rest = self.streams[index].closing(result)
+        last = {"index": index, "delta": {}, "logprobs": None,
                 "finish_reason": result.finish_reason}  # fmt: skip
+        if rest is None:
+            return [last]
+        return [{"index": index, "delta": rest, "logprobs": None, "finish_reason": None}, last]
 
     def whole(self, index: int, result: JobResult, events: list[TokenEvent]) -> Choice:
-        message = {"role": "assistant", "content": result.text}
+        content: str | None = result.text if result.content is None else result.content
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if result.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in result.tool_calls]
+            message["content"] = content or None  # OpenAI's: null beside calls
+        if result.reasoning is not None:
+            message["reasoning_content"] = result.reasoning
         return {"index": index, "message": message, "logprobs": self._logprobs(events),
                 "finish_reason": result.finish_reason}  # fmt: skip
 
@@ -121,9 +140,9 @@ class TextShape:
         return {"index": index, "text": event.text, "logprobs": self._logprobs([event]),
                 "finish_reason": None}  # fmt: skip
 
-    def closing(self, index: int, result: JobResult) -> Choice:
-        return {"index": index, "text": "", "logprobs": None,
-                "finish_reason": result.finish_reason}  # fmt: skip
+    def closing(self, index: int, result: JobResult) -> list[Choice]:
+        return [{"index": index, "text": "", "logprobs": None,
+                 "finish_reason": result.finish_reason}]  # fmt: skip
 
     def whole(self, index: int, result: JobResult, events: list[TokenEvent]) -> Choice:
         return {"index": index, "text": result.text, "logprobs": self._logprobs(events),

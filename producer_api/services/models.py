@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from producer_api.errors import ApiError
+from producer_api.schemas.reply_stream import ReplyParsers
 from queue_schemas import Names
 from queue_schemas.announcements import ANNOUNCE_EVERY_S, WorkerAnnouncement
 from queue_schemas.redis_records import as_text
@@ -88,6 +89,15 @@ class ModelDirectory:
             if all(model in lengths for model in models):
                 break
         return {model: lengths[model] for model in models if model in lengths}
+
+    async def reply_parsers(self, model: str) -> ReplyParsers | None:
+        """The parsers a live worker of ``model`` reads replies with (None: none has
+        announced them); the fleet's workers of one model run with the same flags."""
+        for worker in await self.live_workers():
+            served = self.default_model if worker.default_lanes else worker.model
+            if served == model and worker.tool_call_parser is not None:
+                return ReplyParsers(worker.tool_call_parser, worker.reasoning_parser)
+        return None
 
     async def resolve(self, requested: str | None) -> str:
         """The served name of a request's model (None: the default), or a 404."""

@@ -14,6 +14,7 @@ from producer_api.auth import Tenant
 from producer_api.errors import ApiError
 from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from producer_api.schemas.openai_format import ChatShape, Shape, TextShape, created, usage_body
+from producer_api.schemas.reply_stream import ReplyParsers, ReplyStream
 from producer_api.services.fleet import Fleet
 from producer_api.services.streams import merged_events
 from queue_schemas import JobRequest, JobResult, TokenEvent
@@ -55,21 +56,23 @@ def build_run(
     model: str,
     tenant: Tenant,
     deadline: datetime | None = None,
+    parsers: ReplyParsers | None = None,
 ) -> Run:
     """A chat or completions request body as the fleet jobs that answer it, each with the
-    request's ``deadline``."""
+    request's ``deadline``; a chat's replies streamed as ``parsers`` read them (the
+    model's workers' parsers; None: not known, the reply is sent once read whole)."""
     if isinstance(body, ChatCompletionRequest):
-        messages = [message.as_chat_message() for message in body.messages]
-        prompts: list[dict[str, Any]] = [{"messages": messages}]
-        shape: Shape = ChatShape(body.top_logprobs_wanted())
+        jobs = jobs_for(run_id, tenant, body, [body.chat_fields()], deadline)
+        streams = [ReplyStream(job.job_id, job.effective_tool_choice, parsers) for job in jobs]
+        shape: Shape = ChatShape(body.top_logprobs_wanted(), streams)
     else:
         assert isinstance(body, CompletionRequest)
         prompts = [
             {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
             for prompt in body.prompts()
         ]
+        jobs = jobs_for(run_id, tenant, body, prompts, deadline)
         shape = TextShape(body.top_logprobs_wanted())
-    jobs = jobs_for(run_id, tenant, body, prompts, deadline)
     return Run(run_id, model, shape, jobs, body.n, body.affinity_hint)
 
 
@@ -84,7 +87,7 @@ def jobs_for(
     samplings = [body.sampling(choice) for choice in range(body.n)]
     return [
         JobRequest(
-            schema_version=lowest_version(sampling),
+            schema_version=lowest_version(sampling, tools=_uses_tools(prompt)),
             job_id=f"{run_id}-{position * body.n + choice}",
             tenant=tenant.tenant,
             sampling=sampling,
@@ -97,6 +100,12 @@ def jobs_for(
         for position, prompt in enumerate(prompts)
         for choice, sampling in enumerate(samplings)
     ]
+
+
+def _uses_tools(prompt: dict[str, Any]) -> bool:
+    """Tools, or a conversation carrying tool calls: a job of schema_version 4."""
+    messages = prompt.get("messages") or []
+    return prompt.get("tools") is not None or any(m.tool_calls for m in messages)
 
 
 async def collect(

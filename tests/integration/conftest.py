@@ -116,6 +116,7 @@ class SmolFleet:
     api: ApiProcess
     prefix: str  # of its topics and keys
     redis_url: str
+    common: list[str]  # its broker, Redis and prefix flags (for a batch runner)
 
     @property
     def url(self) -> str:
@@ -139,7 +140,7 @@ def smollm2_fleet(services, smollm2_path, tmp_path_factory):
         logs / "worker.log",
     )
     api = ApiProcess([*common, "--model", MODEL], logs / "api.log")
-    yield SmolFleet(api, prefix, redis.address)
+    yield SmolFleet(api, prefix, redis.address, [*common, "--model", MODEL])
     api.stop()
     worker.stop()
     redis.stop()

@@ -5,10 +5,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from producer_api.auth import KeyRing
+from producer_api.auth import KeyRing, Tenant
 from producer_api.errors import ApiError
 from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest
 from producer_api.schemas.openai_format import ChatShape, TextShape, usage_body
+from producer_api.schemas.reply_stream import ReplyStream
+from producer_api.services.runs import build_run
 from producer_api.settings import ApiSettings
 from queue_schemas import JobResult, JobStatus, TokenEvent, Usage
 
@@ -81,11 +83,16 @@ def test_logprobs_shapes_rank_alternatives_and_name_tokens() -> None:
             }
         )
     )  # fmt: skip
-    content = ChatShape(top_logprobs=2).delta(0, event)["logprobs"]["content"]
+    shape = ChatShape(top_logprobs=2, streams=[ReplyStream("j", "none", None)])
+    chunk = shape.delta(0, event)
+    assert chunk is not None and chunk["delta"] == {"content": "ab"}
+    content = chunk["logprobs"]["content"]
     assert [c["token"] for c in content] == ["a", "b"]
     assert content[0]["logprob"] == -0.5
     assert [t["token"] for t in content[0]["top_logprobs"]] == ["z", "a"]
-    text = TextShape(top_logprobs=1).delta(0, event)["logprobs"]
+    text_chunk = TextShape(top_logprobs=1).delta(0, event)
+    assert text_chunk is not None
+    text = text_chunk["logprobs"]
     assert text["tokens"] == ["a", "b"]
     assert text["top_logprobs"][0] == {"z": -0.1}
     assert text["text_offset"] == [0, 1]
@@ -196,3 +203,52 @@ def test_a_job_submission_is_written_at_the_lowest_version_that_carries_its_mean
     for sampling in ({}, constraint, {**ALL_DEFAULTED, "temperature": None}):
         left = JobSubmission.model_validate({"prompt": "x", "sampling": sampling})
         assert left.to_job("acme", "j", None).schema_version == 3
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
+NAMED_X = {"name": "x"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"tool_choice": "required"}, "tool_choice required needs tools"),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": NAMED_X}},
+            "names 'x', which is not a tool",
+        ),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": "required",
+             "response_format": {"type": "json_object"}},
+            "constrains the output itself",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "pattern"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
+            "not a valid JSON Schema",
+        ),
+    ],
+)  # fmt: skip
+def test_tools_a_job_would_refuse_are_refused_with_the_request(fields, reason) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    with pytest.raises(ValidationError, match=reason):
+        ChatCompletionRequest.model_validate(body)
+
+
+def test_a_chat_with_tools_or_calls_is_written_at_version_4() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with_tools = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL]}
+    )
+    history = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    )  # fmt: skip
+    plain = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
+    versions = [
+        build_run(body, "r", "m", Tenant(tenant="t")).jobs[0].schema_version
+        for body in (with_tools, history, plain)
+    ]
+    assert versions == [4, 4, 3]
+    job = build_run(with_tools, "r", "m", Tenant(tenant="t")).jobs[0]
+    assert job.tools is not None and job.effective_tool_choice == "auto"

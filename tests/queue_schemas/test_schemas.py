@@ -44,8 +44,8 @@ def test_a_reader_ignores_fields_it_does_not_know() -> None:
 
 
 def test_an_unknown_version_is_refused_by_name() -> None:
-    with pytest.raises(ValidationError, match="schema_version 4 is not supported"):
-        JobRequest.model_validate_json(b'{"job_id": "a", "prompt": "hi", "schema_version": 4}')
+    with pytest.raises(ValidationError, match="schema_version 5 is not supported"):
+        JobRequest.model_validate_json(b'{"job_id": "a", "prompt": "hi", "schema_version": 5}')
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from typing import NoReturn
 from queue_schemas.logs import configure_logging
 from worker.device import dtype_name
 from worker.engine.llm_engine import LLMEngine
-from worker.engine_process.prompts import engine_prompt
+from worker.engine_process.prompts import engine_prompt, template_tool_parser
 from worker.engine_process.protocol import (
     Abort,
     Accepted,
@@ -66,9 +66,10 @@ class Compiled:
 
 
 class EngineCore:
-    def __init__(self, engine: LLMEngine, conn: Connection) -> None:
+    def __init__(self, engine: LLMEngine, conn: Connection, auto_tool_choice: bool = True) -> None:
         self.engine = engine
         self.conn = conn
+        self.auto_tool_choice = auto_tool_choice
         self.inbox: queue.Queue[Command | Compiled] = queue.Queue()
         self.applied = 0
         # Adds waiting for their grammar: whether an abort came for them meanwhile.
@@ -109,6 +110,7 @@ class EngineCore:
                 engine.weights.active_bytes,
                 kv_bytes_per_block(engine.runner.model, engine.config) // engine.config.block_size,
                 engine.config.tensor_parallel_size,
+                template_tool_parser(engine.tokenizer),
             )
         )
         while True:
@@ -172,7 +174,7 @@ class EngineCore:
     def _add(self, command: Add) -> None:
         aborted = self._compiling.pop(command.request_id, False)
         try:
-            prompt = engine_prompt(command.job, self.engine.tokenizer)
+            prompt = engine_prompt(command.job, self.engine.tokenizer, self.auto_tool_choice)
             self.engine.add_request(
                 command.request_id,
                 prompt,
@@ -216,7 +218,7 @@ def run_engine_process(settings: ProcessSettings, conn: Connection) -> NoReturn:
     engine = None
     try:
         engine = LLMEngine(settings.engine_config())
-        core = EngineCore(engine, conn)
+        core = EngineCore(engine, conn, settings.enable_auto_tool_choice)
         threading.Thread(target=core.read_commands, name="commands", daemon=True).start()
         core.serve()
         engine.close()

@@ -24,6 +24,7 @@ class ProcessSettings(Protocol):
 
     model: str
     log_format: LogFormat
+    enable_auto_tool_choice: bool
 
     def engine_config(self) -> EngineConfig: ...
 
@@ -83,6 +84,8 @@ class Ready:
     active_weight_bytes: int  # what one token reads: the experts it is not routed to left out
     kv_bytes_per_token: int  # on each rank, every layer's
     tensor_parallel_size: int
+    # The tool-call parser of the format the chat template asks for (prompts.py).
+    template_tool_parser: str = "hermes"
 
 
 @dataclass

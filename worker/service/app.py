@@ -48,6 +48,7 @@ from worker.service.offsets import OffsetTracker
 from worker.service.output_pump import OutputPump
 from worker.service.partitions import RELEASE_WAIT_S, Partitions
 from worker.service.publisher import RedisPublisher
+from worker.service.replies import ReplyReader
 from worker.service.settings import WorkerSettings
 
 log = logging.getLogger("genfleet.worker")
@@ -97,8 +98,17 @@ class WorkerService:
         )
         self.metrics = WorkerMetrics(self.registry, self.settings.served_name, ready.max_model_len)
         self.metrics.describe_engine(ready)
+        reader = ReplyReader(
+            self.settings.tool_call_parser or ready.template_tool_parser,
+            self.settings.reasoning_parser,
+        )
+        log.info(
+            "replies read by the %s tool-call parser, reasoning parser %s",
+            reader.tool_call_parser,
+            reader.reasoning_parser,
+        )
         try:
-            await self._serve(ready.max_model_len)
+            await self._serve(ready.max_model_len, reader)
         finally:
             await self.engine.stop()
 
@@ -136,12 +146,12 @@ class WorkerService:
         if step.outputs and self.pump is not None:
             self.pump.stepped(step.outputs)
 
-    async def _serve(self, max_model_len: int) -> None:
+    async def _serve(self, max_model_len: int, reader: ReplyReader) -> None:
         settings, names = self.settings, self.names
         io = Connections.open(settings, names)
         pump = self.pump = OutputPump(
             settings, self.flights, io.publisher, io.kafka, self.metrics, self.offsets,
-            lambda: self.engine.load,
+            lambda: self.engine.load, reader,
         )  # fmt: skip
         partitions = self.partitions = Partitions(
             io.consumer, Committer(io.consumer, self.offsets), self.flights, self._abandon,
@@ -164,7 +174,7 @@ class WorkerService:
             for coroutine in (
                 pump.run_outputs(), pump.run_results(), cancellations.run(),
                 partitions.run_commits(), self._watch(io.publisher, partitions),
-                self._announce(io.publisher, max_model_len),
+                self._announce(io.publisher, max_model_len, reader),
             )
         ]  # fmt: skip
         for task in tasks:
@@ -216,7 +226,9 @@ class WorkerService:
             self.flights.forget(flight)
             self._abort(flight)
 
-    async def _announce(self, publisher: RedisPublisher, max_model_len: int) -> None:
+    async def _announce(
+        self, publisher: RedisPublisher, max_model_len: int, reader: ReplyReader
+    ) -> None:
         """Every ``ANNOUNCE_EVERY_S``: alive, serving what, how loaded (for the API)."""
         settings = self.settings
         while True:
@@ -231,6 +243,8 @@ class WorkerService:
                     kv_blocks_free=load.free_blocks,
                     running=load.running,
                     waiting=load.waiting,
+                    tool_call_parser=reader.tool_call_parser,
+                    reasoning_parser=reader.reasoning_parser,
                     announced_at=time.time(),
                 )
             )

@@ -19,6 +19,7 @@ from worker.service.kafka_out import KafkaOut
 from worker.service.metrics import WorkerMetrics
 from worker.service.offsets import OffsetTracker
 from worker.service.publisher import History, RedisPublisher, TenantEvent
+from worker.service.replies import ReplyReader
 from worker.service.settings import WorkerSettings
 from worker.service.wire import finished_line, finished_result, token_event
 
@@ -39,8 +40,10 @@ class OutputPump:
         metrics: WorkerMetrics,
         offsets: OffsetTracker,
         load: Callable[[], EngineLoad],
+        reader: ReplyReader | None = None,
     ) -> None:
         self.settings = settings
+        self.reader = reader
         self.flights = flights
         self.publisher = publisher
         self.kafka = kafka
@@ -85,7 +88,7 @@ class OutputPump:
                 self.flights.forget(flight)
                 leaving.append(flight)
                 record = flight.record if flight.attached else None
-                result = finished_result(flight, output, self.settings.worker_id)
+                result = finished_result(flight, output, self.settings.worker_id, self.reader)
                 finished.append((result, record, flight.request_id))
         await self.finish(events, finished, leaving)
 

@@ -13,6 +13,7 @@ from pydantic import Field
 from queue_schemas.bounds import MAX_RECORD_BYTES, ServedModelName
 from queue_schemas.fleet_settings import FleetSettings
 from queue_schemas.names import Names
+from queue_schemas.tool_parsers import ReasoningParser, ToolCallParser
 from worker.config import EngineConfig
 from worker.engine_process.threads import serving_engine_threads
 
@@ -83,6 +84,20 @@ class WorkerSettings(FleetSettings, EngineConfig):
     drain_deadline_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish jobs")
     result_confirm_grace_s: float = Field(
         15.0, gt=0, description="a result claimed this long ago and unconfirmed is resent"
+    )
+    # Tool calls and reasoning (vLLM's flags and names).
+    enable_auto_tool_choice: bool = Field(
+        True,
+        description="serve tool_choice auto, reading the model's calls from its text "
+        "(off: such jobs are refused)",
+    )
+    tool_call_parser: ToolCallParser | None = Field(
+        None,
+        description="the format the model writes tool calls in; unset: the one its chat "
+        "template asks for (hermes where it takes no tools: genfleet's tool prompt)",
+    )
+    reasoning_parser: ReasoningParser | None = Field(
+        None, description="read the model's thinking into reasoning_content (unset: none)"
     )
     # Observability: /metrics, /healthz and /readyz (off unless a port is given).
     metrics_port: int | None = Field(

@@ -6,13 +6,14 @@ test without a broker (``tests/worker/service/test_wire.py``).
 
 from datetime import UTC, datetime
 
-from queue_schemas import JobRequest, JobResult, JobStatus, TokenEvent
+from queue_schemas import FinishReason, JobRequest, JobResult, JobStatus, TokenEvent
 from queue_schemas import Usage as WireUsage
 from queue_schemas.messages import now
-from queue_schemas.versioning import MODEL_DEFAULTS_VERSION, SCHEMA_VERSION
+from queue_schemas.versioning import MODEL_DEFAULTS_VERSION, SCHEMA_VERSION, TOOLS_VERSION
 from worker.engine_process.protocol import Output, reason_for
 from worker.service.flights import InFlight, Record
 from worker.service.records import REFUSED, Rejected
+from worker.service.replies import ReplyReader
 
 
 def _epoch(seconds: float | None) -> datetime | None:
@@ -69,17 +70,27 @@ def _joined(first: TokenEvent, then: TokenEvent) -> TokenEvent:
     )
 
 
-def finished_result(flight: InFlight, output: Output, worker: str) -> JobResult:
+def finished_result(
+    flight: InFlight, output: Output, worker: str, reader: ReplyReader | None = None
+) -> JobResult:
     """The result of a flight whose last delta this is: completed, or ended by an abort
-    (cancelled, or expired when its deadline aborted it)."""
+    (cancelled, or expired when its deadline aborted it); its text read by ``reader``
+    (content, reasoning, tool calls: finish reason ``tool_calls`` where it stopped on them)."""
     delta = output.delta
     status, error, version = JobStatus.COMPLETED, None, SCHEMA_VERSION
+    finish_reason: FinishReason | None = delta.finish_reason
     if delta.finish_reason == "abort":
         status = JobStatus.CANCELLED
         if flight.expired:
             status, version = JobStatus.EXPIRED, MODEL_DEFAULTS_VERSION
             error = f"{_deadline_text(flight.expires_at)} passed while it ran"
+    reply = None if reader is None else reader.read(flight.job, flight.text)
+    if reply is not None:
+        version = TOOLS_VERSION
+        if reply.tool_calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
     return JobResult(
+        **(reply.model_dump() if reply is not None else {}),
         schema_version=version,
         job_id=flight.job.job_id,
         tenant=flight.job.tenant,
@@ -87,7 +98,7 @@ def finished_result(flight: InFlight, output: Output, worker: str) -> JobResult:
         error=error,
         text=flight.text,
         token_ids=flight.token_ids,
-        finish_reason=delta.finish_reason,
+        finish_reason=finish_reason,
         stop_reason=delta.stop_reason,
         usage=WireUsage(
             prompt_tokens=delta.usage.prompt_tokens,

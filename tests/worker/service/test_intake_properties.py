@@ -105,7 +105,7 @@ def _openai_jobs(model: type, body: dict[str, Any]) -> list[JobRequest] | None:
     except ValidationError:
         return None
     if isinstance(request, ChatCompletionRequest):
-        prompts = [{"messages": [m.model_dump() for m in request.messages]}]
+        prompts = [request.chat_fields()]
     else:
         prompts = [
             {"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p}
