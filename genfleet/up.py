@@ -129,8 +129,9 @@ def _workers_model(name: str) -> tuple[str, str]:
 
 
 def _wait_until_ready(fleet: LocalFleet, urls: list[str], stop: threading.Event) -> None:
-    """Every worker answers ``/readyz`` (model loaded, group joined); a worker that exits
-    meanwhile (a model that will not load) is an error naming its log."""
+    """Every worker answers ``/readyz`` (model loaded, group joined), and the API (a worker
+    of the default model reads its jobs: the first request is served at once); a worker
+    that exits meanwhile (a model that will not load) is an error naming its log."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     waiting = set(urls)
     with console.status("loading the model in the workers and joining the consumer group"):
@@ -260,7 +261,7 @@ def run_up(args: argparse.Namespace) -> int:
         api = fleet.start_api("--host", "127.0.0.1", *shared, port=args.port)
         worker_urls = [f"http://127.0.0.1:{port}" for port in metrics_ports]
         try:
-            _wait_until_ready(fleet, worker_urls, stop)
+            _wait_until_ready(fleet, [*worker_urls, api.url], stop)
             if not stop.is_set():
                 _print_welcome(api.url, worker_urls, [served for _, served in models], log_dir)
                 if not args.no_first_request:

@@ -73,7 +73,9 @@ class ApiSettings(FleetSettings):
     )
     # Delivery.
     redis_max_connections: int = Field(32, ge=2, description="Redis connections besides pub/sub")
-    kafka_send_timeout_s: float = Field(5.0, gt=0, description="broker silent this long: 503")
+    kafka_send_timeout_s: float = Field(
+        4.0, gt=0, description="broker silent this long: 503 (the client has it within 5 s)"
+    )
     retry_after_s: int = Field(5, ge=1, description="Retry-After when Kafka or Redis is down")
     sse_ping_s: float = Field(15.0, gt=0, description="keep-alive comment interval on streams")
     sse_client_buffer: int = Field(

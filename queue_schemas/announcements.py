@@ -33,6 +33,12 @@ class WorkerAnnouncement(WireModel):
     kv_blocks_free: int = Field(ge=0)
     running: int = Field(ge=0, description="jobs in the engine")
     waiting: int = Field(ge=0, description="jobs taken from Kafka, not yet in the engine")
+    partitions: int | None = Field(
+        default=None,
+        ge=0,
+        description="job partitions its consumer group has given it (None: a worker that "
+        "does not say)",
+    )
     tool_call_parser: str | None = Field(
         default=None, description="how its replies are read as tool calls"
     )

@@ -1,6 +1,8 @@
-"""``/healthz`` (the process answers), ``/readyz`` (Kafka and Redis answer), ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (the fleet serves: Kafka and Redis
+answer and a worker of the default model reads its jobs; ``?fleet=false``: the
+process's own dependencies only), ``/metrics``."""
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -15,8 +17,11 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(fleet: FleetDep) -> JSONResponse:
-    checks = await fleet.ready()
+async def readyz(fleet: FleetDep, fleet_checked: bool = Query(True, alias="fleet")) -> JSONResponse:
+    """503 with Retry-After until a request sent now would be served now; with
+    ``fleet=false`` only until this process can queue jobs (a probe that must not take
+    the API out of service while its workers restart: jobs queue meanwhile)."""
+    checks = await fleet.ready(fleet_checked)
     ready = all(checks.values())
     headers = None if ready else {"Retry-After": str(fleet.settings.retry_after_s)}
     body = {"status": "ready" if ready else "unavailable", **checks, **fleet.backlog.detail()}

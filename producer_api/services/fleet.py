@@ -125,9 +125,17 @@ class Fleet:
         if result is not None and await self.submitter.send_result(result):
             await self.store.result_sent(tenant.tenant, job_id)
 
-    async def ready(self) -> dict[str, bool]:
+    async def ready(self, fleet: bool = True) -> dict[str, bool]:
+        """The checks of ``/readyz``: Kafka and Redis answer, and (``fleet``) a worker of
+        the default model reads its jobs, so that a request sent now is served now."""
         try:
             redis_ok = bool(await self.redis.ping())
         except Exception:
             redis_ok = False
-        return {"kafka": await self.submitter.ready(), "redis": redis_ok}
+        checks = {"kafka": await self.submitter.ready(), "redis": redis_ok}
+        if fleet:
+            try:
+                checks["workers"] = await self.models.consuming(self.settings.model)
+            except Exception:  # Redis away: said by the redis check
+                checks["workers"] = False
+        return checks

@@ -37,6 +37,7 @@ class JobSubmitter:
         self.timeout_s = settings.kafka_send_timeout_s
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
+        self._stopping: set[asyncio.Task[None]] = set()  # retired producers, stopping
 
     async def _started(self) -> AIOKafkaProducer:
         async with self._lock:
@@ -75,7 +76,7 @@ class JobSubmitter:
             )
         except (KafkaError, TimeoutError) as error:
             log.warning("kafka send failed: %r; restarting the producer", error)
-            await self._reset()
+            self._retire()  # the 503 goes now: stopping a producer may take as long again
             raise self._unavailable(error) from error
 
     async def _send_all(
@@ -116,11 +117,16 @@ class JobSubmitter:
             return False
         return True
 
-    async def _reset(self) -> None:
-        async with self._lock:
-            producer, self._producer = self._producer, None
-        if producer is None:
-            return
+    def _retire(self) -> None:
+        """Take the producer out of use at once (the next send starts another) and stop
+        it in the background."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            stopping = asyncio.create_task(self._stop(producer))
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+
+    async def _stop(self, producer: AIOKafkaProducer) -> None:
         # A stuck batch would keep stop() waiting; the records of a failed send are
         # marked cancelled in Redis, so a late delivery is skipped by the workers.
         try:
@@ -129,4 +135,8 @@ class JobSubmitter:
             log.warning("kafka producer did not stop cleanly: %r", error)
 
     async def stop(self) -> None:
-        await self._reset()
+        async with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            await self._stop(producer)
+        await asyncio.gather(*self._stopping)

@@ -90,6 +90,16 @@ class ModelDirectory:
                 break
         return {model: lengths[model] for model in models if model in lengths}
 
+    async def consuming(self, model: str) -> bool:
+        """Whether a live worker of ``model`` reads its jobs: it has announced itself and
+        its consumer group has given it partitions (a worker that does not say counts)."""
+        for max_age_s in (ANNOUNCE_EVERY_S, 0.0):  # a miss is read again (a fleet starting)
+            for worker in await self.live_workers(max_age_s):
+                served = self.default_model if worker.default_lanes else worker.model
+                if served == model and worker.partitions != 0:
+                    return True
+        return False
+
     async def reply_parsers(self, model: str) -> ReplyParsers | None:
         """The parsers a live worker of ``model`` reads replies with (None: none has
         announced them); the fleet's workers of one model run with the same flags."""

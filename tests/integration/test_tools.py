@@ -39,7 +39,7 @@ TOOLS = [
         "name": "get_time", "description": "The time in a timezone", "parameters": TIME}},
 ]  # fmt: skip
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Perth"]
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver"]
 
 
 def _client(fleet) -> OpenAI:
@@ -84,7 +84,7 @@ def test_required_named_streamed_and_none_over_http(smollm2_fleet) -> None:
     for tool_choice in (named, "required"):
         stream = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Weather and time in Rome?"}],
-            tools=TOOLS, tool_choice=tool_choice, temperature=0, max_tokens=160, stream=True,
+            tools=TOOLS, tool_choice=tool_choice, temperature=0, max_tokens=120, stream=True,
         )  # fmt: skip
         calls: dict[int, dict[str, str]] = {}
         finish = None

@@ -119,7 +119,7 @@ class AnnouncedModels(ModelDirectory):
     async def live_workers(self, max_age_s: float = 0.0) -> list[WorkerAnnouncement]:
         return list(self.announced)
 
-    def announce(self, model: str | None, max_model_len: int) -> None:
+    def announce(self, model: str | None, max_model_len: int, partitions: int = 1) -> None:
         self.announced.append(
             WorkerAnnouncement(
                 worker_id=f"w{len(self.announced)}",
@@ -130,6 +130,7 @@ class AnnouncedModels(ModelDirectory):
                 kv_blocks_free=100,
                 running=0,
                 waiting=0,
+                partitions=partitions,
                 announced_at=time.time(),
             )
         )

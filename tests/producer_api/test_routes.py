@@ -275,3 +275,32 @@ def test_a_body_over_the_cap_is_413(tmp_path: Path) -> None:
         assert not fleet.submitter.sent
 
     run(FakeFleet(tmp_path, max_body_bytes=1000), scenario)
+
+
+def test_ready_means_a_worker_of_the_default_model_reads_its_jobs(fleet: FakeFleet) -> None:
+    """Until then ``/readyz`` is 503 (a request would wait for the worker); with
+    ``fleet=false`` it says only that this process can queue jobs."""
+
+    class AnsweringRedis:
+        async def ping(self) -> bool:
+            return True
+
+    fleet.fleet.redis = AnsweringRedis()  # type: ignore[assignment]
+
+    async def scenario(fleet: FakeFleet, client: httpx.AsyncClient) -> None:
+        async def ready() -> tuple[int, dict]:
+            response = await client.get("/readyz")
+            return response.status_code, response.json()
+
+        assert (await client.get("/readyz", params={"fleet": "false"})).status_code == 200
+        status, body = await ready()
+        assert status == 503 and body["workers"] is False
+        fleet.models.announce("other-model", 512)  # another model's worker
+        fleet.models.announce(None, 512, partitions=0)  # joined, given no partition yet
+        status, body = await ready()
+        assert status == 503 and body["workers"] is False
+        fleet.models.announce(None, 512, partitions=2)
+        status, body = await ready()
+        assert status == 200 and body["workers"] is True
+
+    run(fleet, scenario)

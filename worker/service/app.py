@@ -243,6 +243,7 @@ class WorkerService:
                     kv_blocks_free=load.free_blocks,
                     running=load.running,
                     waiting=load.waiting,
+                    partitions=len(self.partitions.consumer.assignment()),
                     tool_call_parser=reader.tool_call_parser,
                     reasoning_parser=reader.reasoning_parser,
                     announced_at=time.time(),
