@@ -174,7 +174,7 @@ class WorkerService:
             for coroutine in (
                 pump.run_outputs(), pump.run_results(), cancellations.run(),
                 partitions.run_commits(), self._watch(io.publisher, partitions),
-                self._announce(io.publisher, max_model_len, reader),
+                self._announce(io.publisher, max_model_len, reader, partitions),
             )
         ]  # fmt: skip
         for task in tasks:
@@ -227,7 +227,11 @@ class WorkerService:
             self._abort(flight)
 
     async def _announce(
-        self, publisher: RedisPublisher, max_model_len: int, reader: ReplyReader
+        self,
+        publisher: RedisPublisher,
+        max_model_len: int,
+        reader: ReplyReader,
+        partitions: Partitions,
     ) -> None:
         """Every ``ANNOUNCE_EVERY_S``: alive, serving what, how loaded (for the API)."""
         settings = self.settings
@@ -243,7 +247,7 @@ class WorkerService:
                     kv_blocks_free=load.free_blocks,
                     running=load.running,
                     waiting=load.waiting,
-                    partitions=len(self.partitions.consumer.assignment()),
+                    partitions=len(partitions.consumer.assignment()),
                     tool_call_parser=reader.tool_call_parser,
                     reasoning_parser=reader.reasoning_parser,
                     announced_at=time.time(),
