@@ -148,6 +148,7 @@ class LLMEngine:
             params=params,
             arrival_index=next(self._arrivals),
             priority=priority,
+            resumed=bool(resumed),
             arrival_time=arrival_time or time.time(),
             detokenizer=detokenizer,
             generator=generator,

@@ -1,11 +1,12 @@
 """Iteration-level scheduling: which sequences run this step, and how many tokens each.
 
 Each step spends one token budget: running sequences first (a decode token, or
-the next chunk of an unfinished prefill), then waiting ones in priority order
-(lower first, first come first served within a priority). A sequence that
-cannot get a block preempts the least important running sequence (highest
-priority value, newest arrival), which drops its blocks and waits to be
-recomputed.
+the next chunk of an unfinished prefill), then waiting ones in order: those
+resumed from output an earlier attempt streamed (their readers are mid-stream),
+then by priority (lower first, first come first served within a priority). A
+sequence that cannot get a block preempts the least important running sequence
+(not resumed, highest priority value, newest arrival), which drops its blocks
+and waits to be recomputed.
 """
 
 import bisect
@@ -36,7 +37,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.kv = block_manager
-        self.waiting: list[tuple[tuple[int, int], Sequence]] = []  # heap by order_key
+        self.waiting: list[tuple[tuple[int, int, int], Sequence]] = []  # heap by order_key
         # Kept sorted by order_key: the budget goes to the most important first,
         # and the preemption victim is always the last one.
         self.running: list[Sequence] = []

@@ -32,6 +32,9 @@ class Sequence:
     params: SamplingOptions
     arrival_index: int
     priority: int = 0
+    # Output an earlier attempt streamed (a job taken over from a dead worker): its
+    # reader is mid-stream, so it goes ahead of every sequence that has not started.
+    resumed: bool = False
     arrival_time: float = field(default_factory=time.time)
     detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None
@@ -87,6 +90,6 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
-    def order_key(self) -> tuple[int, int]:
-        """Lower runs first: priority, then arrival."""
-        return (self.priority, self.arrival_index)
+    def order_key(self) -> tuple[int, int, int]:
+        """Lower runs first: resumed ones, then by priority, then by arrival."""
+        return (0 if self.resumed else 1, self.priority, self.arrival_index)

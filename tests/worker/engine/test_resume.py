@@ -104,3 +104,20 @@ def test_a_structured_output_resumed_mid_json_still_parses(chat_model) -> None:
     assert [tokens[i] for i in sorted(tokens)] == ids[half:]
     assert last is not None and last.finish_reason == "stop"
     assert set(json.loads(text)) == {"name", "age"}
+
+
+def test_a_resumed_job_goes_ahead_of_jobs_that_have_not_started(chat_model) -> None:
+    """One sequence at a time: a job taken over (its reader mid-stream) runs next, before
+    jobs queued earlier with a better priority that have streamed nothing."""
+    engine = LLMEngine(EngineConfig(model=str(chat_model), max_num_seqs=1))
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_request("running", PROMPT, params)
+    engine.step()
+    engine.add_request("fresh", PROMPT, params, priority=-5)
+    engine.add_request("taken-over", PROMPT, params, resumed_token_ids=[5, 6])
+    order: list[str] = []
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            if delta.request_id not in order:
+                order.append(delta.request_id)
+    assert order == ["running", "taken-over", "fresh"]
