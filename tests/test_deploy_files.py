@@ -169,7 +169,8 @@ def test_scrape_targets_and_probes_match_what_the_code_serves() -> None:
         probes = [container[k] for k in container if k.endswith("Probe")]
         assert len(probes) >= 2
         for probe in probes:
-            assert probe["httpGet"]["path"] in routes
+            path, _, query = probe["httpGet"]["path"].partition("?")
+            assert path in routes and query in ("", "fleet=false")
             assert ports[probe["httpGet"]["port"]] == served
 
 

@@ -83,6 +83,8 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error(start_api) -> None:
                     response = case.call(base_url=api.url, timeout=REQUEST_TIMEOUT_S)
                 except requests.Timeout:
                     return  # a valid job that no worker serves in this test
+                if case.path == "/readyz" and response.status_code == 503:
+                    return  # its answer while no worker reads the jobs: not ready
                 if response.status_code >= 500:
                     failures.append(f"{case.method} {case.formatted_path}: {response.text}")
                 case.validate_response(response, checks=[not_a_server_error])
