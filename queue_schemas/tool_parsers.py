@@ -123,10 +123,7 @@ def _call(entry: object, arguments_key: str = "arguments") -> ParsedCall | None:
         return None
     arguments = entry.get(arguments_key, entry.get("arguments", {}))
     if isinstance(arguments, str):  # some models write the arguments' JSON as a string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
+        arguments = _json(arguments)
     if not isinstance(arguments, dict):
         return None
     return ParsedCall(entry["name"], json.dumps(arguments, ensure_ascii=False))

@@ -135,3 +135,21 @@ def test_reasoning_read_whole_and_streamed_alike(parser, reply, reasoning, conte
         if content_start is not None:
             assert content.startswith(reply[content_start:end].lstrip())
     assert sent == (reasoning or "")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", "pythonic"])
+def test_a_reply_nested_past_any_parser_s_depth_is_content(parser) -> None:
+    """Arguments nested 100,000 deep (JSON in a string, a list, Python calls): never an
+    error, the text stays content."""
+    deep = "[" * 100_000 + "]" * 100_000
+    nested_string = json.dumps({"name": "f", "arguments": deep})
+    for reply in (
+        f"<tool_call>{nested_string}</tool_call>",
+        f'{{"name": "f", "parameters": {deep}}}',
+        f'[TOOL_CALLS][{{"name": "f", "arguments": {deep}}}]',
+        f"[f(x={deep})]",
+        deep,
+    ):
+        content, calls = parse_tool_calls(reply, parser)
+        assert calls == [] and content == reply
+    assert parse_required_calls(deep) == []

@@ -9,6 +9,7 @@ content, never an error.
 """
 
 import json
+import logging
 from dataclasses import dataclass
 
 from queue_schemas import JobRequest
@@ -21,6 +22,8 @@ from queue_schemas.tool_parsers import (
 )
 from queue_schemas.tools import NamedToolChoice, tool_call
 
+log = logging.getLogger("genfleet.worker")
+
 
 @dataclass(frozen=True)
 class ReplyReader:
@@ -29,7 +32,15 @@ class ReplyReader:
 
     def read(self, job: JobRequest, text: str) -> ReadReply | None:
         """What ``text`` reads as; None where nothing is read (no tools, no reasoning
-        parser): the result is then as it has always been."""
+        parser, or a reply no parser could take: logged), the result is then as it has
+        always been: one reply never stops the worker."""
+        try:
+            return self._read(job, text)
+        except Exception:
+            log.exception("job %s: its reply could not be read; sent as text", job.job_id)
+            return None
+
+    def _read(self, job: JobRequest, text: str) -> ReadReply | None:
         choice = job.effective_tool_choice
         if choice == "none" and self.reasoning_parser is None:
             return None
