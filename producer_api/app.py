@@ -13,7 +13,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import ApiError, install_error_handlers
 from producer_api.metrics import ApiMetrics, RequestMetricsMiddleware
-from producer_api.routes import batches, files, health, jobs, openai
+from producer_api.routes import batches, files, health, jobs, openai, responses
 from producer_api.services.fleet import Fleet
 from producer_api.settings import LOOPBACK, ApiSettings
 from queue_schemas.logs import configure_logging
@@ -57,7 +57,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app.add_exception_handler(RedisConnectionError, redis_down)
     app.add_exception_handler(RedisTimeoutError, redis_down)
-    for module in (jobs, openai, files, batches, health):
+    for module in (jobs, openai, responses, files, batches, health):
         app.include_router(module.router)
     # Outermost last: metrics see every response, the 413s of the body cap included.
     app.add_middleware(

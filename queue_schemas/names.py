@@ -111,6 +111,11 @@ class Names:
         """Pub/sub channel of the job's live events."""
         return f"{self.job_key(tenant, job_id)}:live"
 
+    def response_key(self, tenant: str, response_id: str) -> str:
+        """The Responses API's record of a response (its job's id): the request and the
+        conversation it continues, as JSON."""
+        return f"{self.job_key(tenant, response_id)}:response"
+
     def cancel_key(self, tenant: str, job_id: str) -> str:
         """Set when a job is cancelled; checked before a job is admitted."""
         return f"{self.job_key(tenant, job_id)}:cancel"

@@ -21,6 +21,7 @@ from producer_api.settings import ApiSettings
 from producer_api.stores.batches import BatchStore
 from producer_api.stores.files import FileStore, LocalFileStore
 from producer_api.stores.jobs import JobStore
+from producer_api.stores.responses import ResponseStore
 from queue_schemas import JobRequest
 
 CLIENT_NAME = "genfleet-api"
@@ -49,6 +50,7 @@ class Fleet:
             settings.redis_url, self.names.api_channel, settings.sse_client_buffer
         )
         self.store = JobStore(self.redis, settings)
+        self.responses = ResponseStore(self.redis, settings)
         self.limits = TenantLimits(self.redis, self.names)
         self.models = ModelDirectory(self.redis, self.names, settings.model)
         self.spill = Spill(
