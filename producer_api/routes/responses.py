@@ -52,19 +52,23 @@ async def create_response(
     if body.background and not body.store:
         raise _bad_request("a background response must be stored (store: true)", "store")
     model = await fleet.models.resolve(body.model)
+    response_id = new_id("resp")
     conversation = []
     if body.instructions:
         conversation.append({"role": "system", "content": body.instructions})
+    # A conversation's responses share its first one's id as their affinity hint, so
+    # each lands on the worker whose prefix cache holds what came before.
+    thread = response_id
     if body.previous_response_id is not None:
         earlier = await fleet.responses.load(tenant.tenant, body.previous_response_id)
         state = await fleet.store.state(body.previous_response_id, tenant.tenant)
         replied = [m.model_dump(exclude_none=True) for m in reply_messages(state)]
         conversation += earlier["conversation"] + replied
+        thread = earlier["thread"]
     items = body.items()
     conversation += [m.model_dump(exclude_none=True) for m in as_messages(items)]
     sampling = body.sampling()
     tools = body.job_tools()
-    response_id = new_id("resp")
     settings = fleet.settings
     timeout = settings.jobs_timeout_s if body.background else settings.chat_completions_timeout_s
     job = JobRequest(
@@ -84,8 +88,9 @@ async def create_response(
             for i, item in enumerate(items)
         ],
         "conversation": conversation,
+        "thread": thread,
     }
-    await fleet.submit(tenant, [job], route="/v1/responses", model=model)
+    await fleet.submit(tenant, [job], route="/v1/responses", model=model, hint=thread)
     if body.store:
         await fleet.responses.save(tenant.tenant, record)
     if body.background:
