@@ -5,7 +5,6 @@ request is held open until every job has its result; a streaming one relays the
 jobs' token events as chunks, and a client that hangs up cancels its jobs.
 """
 
-import asyncio
 import functools
 import json
 import logging
@@ -22,26 +21,30 @@ from producer_api.errors import ApiError
 from producer_api.schemas.openai import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from producer_api.schemas.openai_format import usage_body
 from producer_api.services.fleet import Fleet, new_id
-from producer_api.services.runs import Run, build_run, cancel_all, collect
+from producer_api.services.runs import (
+    HUNG_UP,
+    Run,
+    build_run,
+    cancel_all,
+    collect,
+    unless_hung_up,
+)
 from producer_api.services.streams import event_stream, merged_events
 from queue_schemas import JobResult, JobStatus, TokenEvent
 
 log = logging.getLogger("genfleet.api")
 router = APIRouter(prefix="/v1", tags=["openai"])
-DISCONNECT_CHECK_S = 1.0
-HUNG_UP = "client hung up"
 
 
 async def _whole(fleet: Fleet, tenant: Tenant, run: Run, request: Request) -> Response:
     """Wait for every choice; a client that hangs up meanwhile gets its jobs cancelled."""
-    collecting = asyncio.create_task(collect(fleet, tenant, run))
-    while not collecting.done():
-        await asyncio.wait({collecting}, timeout=DISCONNECT_CHECK_S)
-        if not collecting.done() and await request.is_disconnected():
-            collecting.cancel()
-            await cancel_all(fleet, tenant, run, HUNG_UP)
-            return Response(status_code=499)  # nobody reads it: nginx's "client closed"
-    results, events = collecting.result()
+    job_ids = run.job_ids
+    collected = await unless_hung_up(
+        fleet, tenant, job_ids, request, collect(fleet, tenant, job_ids)
+    )
+    if collected is None:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed"
+    results, events = collected
     ordered = [results[position] for position in range(len(run.jobs))]
     for result in ordered:
         failure = _failure(result)
@@ -92,7 +95,7 @@ async def _chunks(
                 yield chunk(delta)
         elif (failure := _failure(event)) is not None:
             # The other choices are of no use now: free their blocks too.
-            await cancel_all(fleet, tenant, run, f"a sibling choice {event.status.value}")
+            await cancel_all(fleet, tenant, run.job_ids, f"a sibling choice {event.status.value}")
             yield ServerSentEvent(json.dumps(failure.body()))
             break
         else:
@@ -116,7 +119,7 @@ async def _respond(
     )
     if body.stream:
         chunks = _chunks(fleet, tenant, run, body.include_usage)
-        hang_up = functools.partial(cancel_all, fleet, tenant, run, HUNG_UP)
+        hang_up = functools.partial(cancel_all, fleet, tenant, run.job_ids, HUNG_UP)
         return event_stream(fleet, chunks, on_hang_up=hang_up)
     return await _whole(fleet, tenant, run, request)
 

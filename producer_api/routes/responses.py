@@ -9,7 +9,6 @@ Streaming (``stream``, ``GET ?stream=true``) is not served yet, nor ``service_ti
 says the first.
 """
 
-import asyncio
 import time
 from typing import Any
 
@@ -18,16 +17,15 @@ from fastapi.responses import JSONResponse
 
 from producer_api.dependencies import DeadlineDep, FleetDep, TenantDep
 from producer_api.errors import ApiError
-from producer_api.routes.openai import DISCONNECT_CHECK_S
 from producer_api.schemas.responses import (
     ResponseCreate,
     as_messages,
     reply_messages,
     response_object,
 )
-from producer_api.services.fleet import Fleet, new_id
-from producer_api.services.streams import merged_events
-from queue_schemas import JobRequest, JobResult
+from producer_api.services.fleet import new_id
+from producer_api.services.runs import collect, unless_hung_up
+from queue_schemas import JobRequest
 from queue_schemas.bounds import JobId
 from queue_schemas.jobs import lowest_version
 from queue_schemas.messages import now
@@ -96,7 +94,8 @@ async def create_response(
     if body.background:
         queued = await fleet.store.state(response_id, tenant.tenant)
         return JSONResponse(response_object(record, queued))
-    if await _result(fleet, tenant, response_id, request) is None:
+    waited = collect(fleet, tenant, [response_id])
+    if await unless_hung_up(fleet, tenant, [response_id], request, waited) is None:
         return Response(status_code=499)  # nobody reads it: nginx's "client closed"
     done = await fleet.store.state(response_id, tenant.tenant)
     return JSONResponse(response_object(record, done))
@@ -104,25 +103,6 @@ async def create_response(
 
 def _has_calls(conversation: list[dict[str, Any]]) -> bool:
     return any(message.get("tool_calls") for message in conversation)
-
-
-async def _result(fleet: Fleet, tenant: Any, job_id: str, request: Request) -> JobResult | None:
-    """The job's result; None when the client hung up first (its job is cancelled)."""
-
-    async def wait() -> JobResult:
-        async for _, event in merged_events(fleet, tenant.tenant, [job_id], resume_when_slow=True):
-            if isinstance(event, JobResult):
-                return event
-        raise ApiError(500, "the job's events ended without a result")
-
-    waiting = asyncio.create_task(wait())
-    while not waiting.done():
-        await asyncio.wait({waiting}, timeout=DISCONNECT_CHECK_S)
-        if not waiting.done() and await request.is_disconnected():
-            waiting.cancel()
-            await fleet.cancel(tenant, job_id)
-            return None
-    return waiting.result()
 
 
 @router.get("/{response_id}")

@@ -5,10 +5,14 @@ Each choice of a request is one fleet job (``{request id}-{position}``), so the
 choices run in parallel across the fleet.
 """
 
+import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from fastapi import Request
 
 from producer_api.auth import Tenant
 from producer_api.errors import ApiError
@@ -22,6 +26,10 @@ from queue_schemas.jobs import lowest_version
 from queue_schemas.messages import now
 
 log = logging.getLogger("genfleet.api")
+T = TypeVar("T")
+# How often a request held open checks that its client is still there.
+DISCONNECT_CHECK_S = 1.0
+HUNG_UP = "client hung up"
 
 
 @dataclass
@@ -109,12 +117,13 @@ def _uses_tools(prompt: dict[str, Any]) -> bool:
 
 
 async def collect(
-    fleet: Fleet, tenant: Tenant, run: Run
+    fleet: Fleet, tenant: Tenant, job_ids: list[str]
 ) -> tuple[dict[int, JobResult], list[list[TokenEvent]]]:
+    """Every job's result and token events, by its position in ``job_ids``."""
     results: dict[int, JobResult] = {}
-    events: list[list[TokenEvent]] = [[] for _ in run.jobs]
+    events: list[list[TokenEvent]] = [[] for _ in job_ids]
     async for position, event in merged_events(
-        fleet, tenant.tenant, run.job_ids, resume_when_slow=True
+        fleet, tenant.tenant, job_ids, resume_when_slow=True
     ):
         if isinstance(event, JobResult):
             results[position] = event
@@ -123,9 +132,24 @@ async def collect(
     return results, events
 
 
-async def cancel_all(fleet: Fleet, tenant: Tenant, run: Run, why: str) -> None:
-    """Cancel the run's unfinished jobs, so their KV blocks serve others."""
-    for job_id in run.job_ids:
+async def unless_hung_up(
+    fleet: Fleet, tenant: Tenant, job_ids: list[str], request: Request, work: Awaitable[T]
+) -> T | None:
+    """``work``'s value, or None once the client has hung up (checked every
+    ``DISCONNECT_CHECK_S``): ``work`` is dropped and the jobs are cancelled."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_CHECK_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            await cancel_all(fleet, tenant, job_ids, HUNG_UP)
+            return None
+    return task.result()
+
+
+async def cancel_all(fleet: Fleet, tenant: Tenant, job_ids: list[str], why: str) -> None:
+    """Cancel the unfinished ones of ``job_ids``, so their KV blocks serve others."""
+    for job_id in job_ids:
         try:
             await fleet.cancel(tenant, job_id)
             log.info("%s: cancelled %s", why, job_id, extra={"job_id": job_id})
