@@ -1,6 +1,7 @@
 """The job a client asks for: what producers put on the jobs topic."""
 
 import contextlib
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -9,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from queue_schemas.bounds import MAX_MESSAGES, JobId, Metadata, Priority, TenantName, TokenId
 from queue_schemas.sampling import SamplingOptions
 from queue_schemas.structured import StructuredOutputs
-from queue_schemas.tools import NamedToolChoice, ToolCall, ToolChoice, Tools, calls_schema
+from queue_schemas.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, Tools, calls_schema
 from queue_schemas.versioning import (
     MODEL_DEFAULTS_VERSION,
     SCHEMA_VERSION,
@@ -122,10 +123,7 @@ class JobRequest(WireModel):
             ),
             "timeout_s": (self.timeout_s is not None, MODEL_DEFAULTS_VERSION),
             "tools": (self.tools is not None, TOOLS_VERSION),
-            "messages' tool_calls": (
-                any(m.tool_calls for m in self.messages or []),
-                TOOLS_VERSION,
-            ),
+            "messages' tool_calls": (_calls_in(self.messages), TOOLS_VERSION),
         }
         for name, (given, version) in needs.items():
             if given and self.schema_version < version:
@@ -200,11 +198,19 @@ def _choice_name(choice: ToolChoice) -> str:
     return choice.function.name if isinstance(choice, NamedToolChoice) else choice
 
 
-def lowest_version(sampling: SamplingOptions, tools: bool = False) -> int:
-    """The version a job with these options (and ``tools``, or a conversation with tool
-    calls) is written at by a writer that leaves unset fields to the model (the API):
-    the lowest that carries its meaning."""
-    if tools:
+def _calls_in(messages: Sequence[ChatMessage] | None) -> bool:
+    return any(message.tool_calls for message in messages or ())
+
+
+def lowest_version(
+    sampling: SamplingOptions,
+    tools: list[Tool] | None = None,
+    messages: Sequence[ChatMessage] | None = None,
+) -> int:
+    """The version a job with these options, ``tools`` and ``messages`` is written at by a
+    writer that leaves unset fields to the model (the API): the lowest that carries its
+    meaning."""
+    if tools is not None or _calls_in(messages):
         return TOOLS_VERSION
     if sampling.unset:
         return MODEL_DEFAULTS_VERSION

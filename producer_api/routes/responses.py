@@ -25,7 +25,7 @@ from producer_api.schemas.responses import (
 )
 from producer_api.services.fleet import new_id
 from producer_api.services.runs import collect, unless_hung_up
-from queue_schemas import JobRequest
+from queue_schemas import ChatMessage, JobRequest
 from queue_schemas.bounds import JobId
 from queue_schemas.jobs import lowest_version
 from queue_schemas.messages import now
@@ -69,9 +69,10 @@ async def create_response(
     tools = body.job_tools()
     settings = fleet.settings
     timeout = settings.jobs_timeout_s if body.background else settings.chat_completions_timeout_s
+    messages = [ChatMessage.model_validate(message) for message in conversation]
     job = JobRequest(
-        schema_version=lowest_version(sampling, bool(tools) or _has_calls(conversation)),
-        job_id=response_id, tenant=tenant.tenant, messages=conversation, sampling=sampling,
+        schema_version=lowest_version(sampling, tools.get("tools"), messages),
+        job_id=response_id, tenant=tenant.tenant, messages=messages, sampling=sampling,
         metadata=body.metadata or {}, created_at=now(),
         deadline=deadlines.deadline(None, None, timeout),
         **tools,
@@ -99,10 +100,6 @@ async def create_response(
         return Response(status_code=499)  # nobody reads it: nginx's "client closed"
     done = await fleet.store.state(response_id, tenant.tenant)
     return JSONResponse(response_object(record, done))
-
-
-def _has_calls(conversation: list[dict[str, Any]]) -> bool:
-    return any(message.get("tool_calls") for message in conversation)
 
 
 @router.get("/{response_id}")

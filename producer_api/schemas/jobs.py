@@ -31,10 +31,9 @@ class JobSubmission(JobRequest):
         excluded = {
             "job_id", "tenant", "created_at", "schema_version", "deadline", "timeout_s", "model",
         }  # fmt: skip
-        tools = self.tools is not None or any(m.tool_calls for m in self.messages or [])
         return JobRequest(
             **self.model_dump(exclude=excluded),
-            schema_version=lowest_version(self.sampling, tools),
+            schema_version=lowest_version(self.sampling, self.tools, self.messages),
             job_id=job_id,
             tenant=tenant,
             deadline=deadline,

@@ -46,9 +46,10 @@ from queue_schemas.bounds import (
     TopLogprobs,
     TopP,
 )
-from queue_schemas.jobs import JobRequest, TimeoutSeconds, lowest_version
+from queue_schemas.jobs import JobRequest, TimeoutSeconds
 from queue_schemas.structured import check_json_schema
 from queue_schemas.tools import ToolCall, ToolChoice, Tools
+from queue_schemas.versioning import TOOLS_VERSION
 
 MAX_CHOICES = 16
 # Prompts in one completions request (each is n jobs; the tenant's limits apply too).
@@ -247,7 +248,7 @@ class ChatCompletionRequest(GenerationRequest):
             return self
         try:
             JobRequest(
-                job_id="check", schema_version=lowest_version(self.sampling(0), tools=True),
+                job_id="check", schema_version=TOOLS_VERSION,
                 sampling=self.sampling(0), **self.chat_fields(),
             )  # fmt: skip
         except ValidationError as error:

@@ -95,7 +95,7 @@ def jobs_for(
     samplings = [body.sampling(choice) for choice in range(body.n)]
     return [
         JobRequest(
-            schema_version=lowest_version(sampling, tools=_uses_tools(prompt)),
+            schema_version=lowest_version(sampling, prompt.get("tools"), prompt.get("messages")),
             job_id=f"{run_id}-{position * body.n + choice}",
             tenant=tenant.tenant,
             sampling=sampling,
@@ -108,12 +108,6 @@ def jobs_for(
         for position, prompt in enumerate(prompts)
         for choice, sampling in enumerate(samplings)
     ]
-
-
-def _uses_tools(prompt: dict[str, Any]) -> bool:
-    """Tools, or a conversation carrying tool calls: a job of schema_version 4."""
-    messages = prompt.get("messages") or []
-    return prompt.get("tools") is not None or any(m.tool_calls for m in messages)
 
 
 async def collect(
