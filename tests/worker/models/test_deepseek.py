@@ -13,8 +13,7 @@ from safetensors.torch import load_file, save_file
 from tests.conftest import build_model, hf_greedy
 from tests.worker.models.families import FAMILY_MODELS
 from tests.worker.models.test_families import MAX_TOKENS, _greedy, _prompts
-from tests.worker.models.test_family_features import FP8_SHARE_OF_SPREAD
-from tests.worker.models.test_fp8_kv import _gaps
+from tests.worker.models.test_family_features import assert_fp8_picks_near_best
 from worker import LLM, SamplingParams
 from worker.execution.model_runner import kv_bytes_per_block
 
@@ -86,16 +85,7 @@ def test_an_fp8_latent_cache_picks_what_exact_attention_ranks_near_best(tmp_path
     all dense: a router's choice, discontinuous, is no part of what is bounded."""
     dense = {**FAMILY_MODELS["deepseek-v2"][2], "first_k_dense_replace": 2}
     config_class, model_class, _ = FAMILY_MODELS["deepseek-v2"]
-    hf_model = build_model((config_class, model_class, dense), tmp_path)
-    prompts = _prompts()
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with LLM(str(tmp_path), max_num_seqs=8, kv_cache_dtype="fp8") as llm:
-        assert llm.engine.runner.kv_cache.element_size() == 1
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    replies = [o.outputs[0].token_ids for o in outputs]
-    with torch.no_grad():
-        spread = hf_model(torch.tensor([prompts[-1]])).logits.std().item()
-    assert _gaps(hf_model, prompts, replies) <= FP8_SHARE_OF_SPREAD * spread
+    assert_fp8_picks_near_best(tmp_path, build_model((config_class, model_class, dense), tmp_path))
 
 
 def test_latent_rows_serve_the_prefix_cache(family_models) -> None:
