@@ -35,6 +35,7 @@ from genfleet.settings_flags import add_settings_arguments, as_flags, given_sett
 from queue_schemas.bounds import MAX_SERVED_MODEL_CHARS, ServedModelName
 from worker.config import EngineConfig
 from worker.engine_process.threads import threads_per_worker
+from worker.service.settings import REPLY_SETTINGS, WorkerSettings
 
 READY_TIMEOUT_S = 300.0
 API_STOP_S = 10.0
@@ -47,7 +48,8 @@ console = Console(soft_wrap=True)  # URLs and commands stay whole in a log
 
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
-    """``up``'s own flags, and every engine knob (``EngineConfig``), passed to each worker."""
+    """``up``'s own flags, and every engine knob (``EngineConfig``) and reply setting
+    (``REPLY_SETTINGS``), passed to each worker."""
     parser.add_argument(
         "--model",
         action="append",
@@ -76,6 +78,15 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(
         parser.add_argument_group("engine (each worker's)"), EngineConfig, only=engine_knobs
     )
+    add_settings_arguments(
+        parser.add_argument_group("replies (each worker's)"), WorkerSettings, only=REPLY_SETTINGS
+    )
+
+
+def reply_flags(args: argparse.Namespace) -> list[str]:
+    """The reply settings given to ``up``, as each worker's flags."""
+    given = given_settings(args, WorkerSettings)
+    return as_flags({name: value for name, value in given.items() if name in REPLY_SETTINGS})
 
 
 def _check_port_free(port: int, what: str) -> None:
@@ -251,7 +262,8 @@ def run_up(args: argparse.Namespace) -> int:
             lanes = [] if number == 0 else ["--served-model-name", served]
             for port in islice(ports, args.workers):
                 metrics = ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
-                fleet.start_worker("--model", model, *lanes, *metrics, *as_flags(engine))
+                flags = [*as_flags(engine), *reply_flags(args)]
+                fleet.start_worker("--model", model, *lanes, *metrics, *flags)
         shared = ["--model", served_name, "--files-dir", str((args.data_dir or log_dir) / "files")]
         # A window of a quarter of each worker's sequences keeps interactive TTFT near the
         # idle fleet's on CPU workers (docs/benchmarks.md, "Interactive requests while a

@@ -84,3 +84,20 @@ def test_bench_and_up_take_the_engines_knobs_from_its_definitions() -> None:
     assert given_settings(again, EngineConfig) == {
         "max_num_seqs": "9", "override_generation_config": '{"temperature": 0.1}',
     }  # fmt: skip
+
+
+def test_up_passes_the_reply_settings_on_to_its_workers() -> None:
+    from genfleet.cli import build_parser
+    from genfleet.settings_flags import settings_from_args
+    from genfleet.up import reply_flags
+    from worker.service.settings import WorkerSettings
+
+    up = build_parser().parse_args(
+        ["up", "--reasoning-parser", "qwen3", "--no-enable-auto-tool-choice", "--max-num-seqs", "9"]
+    )
+    flags = reply_flags(up)
+    assert "--max-num-seqs" not in flags  # an engine knob: passed with the others
+    worker = settings_from_args(build_parser().parse_args(["worker", *flags]), WorkerSettings)
+    assert worker.reasoning_parser == "qwen3" and worker.enable_auto_tool_choice is False
+    assert worker.tool_call_parser is None  # not given: the template's
+    assert reply_flags(build_parser().parse_args(["up"])) == []

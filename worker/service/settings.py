@@ -22,6 +22,8 @@ from worker.engine_process.threads import serving_engine_threads
 # with the offline engine's 512 tokens and 64 sequences, throughput alike
 # (docs/benchmarks.md, "genfleet up against vllm serve").
 CPU_SERVING_STEP = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+# How a worker reads its replies (tool calls, reasoning): `genfleet up` passes them on.
+REPLY_SETTINGS = ("enable_auto_tool_choice", "tool_call_parser", "reasoning_parser")
 # The partition assignors a worker may list (``worker.service.app.ASSIGNORS``).
 KAFKA_ASSIGNORS = "sticky-lanes|sticky|roundrobin"
 
