@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from producer_api.auth import Tenant
 from producer_api.dependencies import DeadlineDep, FleetDep, TenantDep
 from producer_api.errors import ApiError
 from producer_api.schemas.responses import (
@@ -23,7 +24,7 @@ from producer_api.schemas.responses import (
     reply_messages,
     response_object,
 )
-from producer_api.services.fleet import new_id
+from producer_api.services.fleet import Fleet, new_id
 from producer_api.services.runs import collect, unless_hung_up
 from queue_schemas import ChatMessage, JobRequest
 from queue_schemas.bounds import JobId
@@ -51,18 +52,7 @@ async def create_response(
         raise _bad_request("a background response must be stored (store: true)", "store")
     model = await fleet.models.resolve(body.model)
     response_id = new_id("resp")
-    conversation = []
-    if body.instructions:
-        conversation.append({"role": "system", "content": body.instructions})
-    # A conversation's responses share its first one's id as their affinity hint, so
-    # each lands on the worker whose prefix cache holds what came before.
-    thread = response_id
-    if body.previous_response_id is not None:
-        earlier = await fleet.responses.load(tenant.tenant, body.previous_response_id)
-        state = await fleet.store.state(body.previous_response_id, tenant.tenant)
-        replied = [m.model_dump(exclude_none=True) for m in reply_messages(state)]
-        conversation += earlier["conversation"] + replied
-        thread = earlier["thread"]
+    conversation, thread = await _continued(fleet, tenant, body, response_id)
     items = body.items()
     conversation += [m.model_dump(exclude_none=True) for m in as_messages(items)]
     sampling = body.sampling()
@@ -100,6 +90,24 @@ async def create_response(
         return Response(status_code=499)  # nobody reads it: nginx's "client closed"
     done = await fleet.store.state(response_id, tenant.tenant)
     return JSONResponse(response_object(record, done))
+
+
+async def _continued(
+    fleet: Fleet, tenant: Tenant, body: ResponseCreate, response_id: str
+) -> tuple[list[dict[str, Any]], str]:
+    """The conversation before this response's input (its instructions, then the one
+    ``previous_response_id`` names and that response's reply), and its thread: a
+    conversation's responses share its first one's id as their affinity hint, so each
+    lands on the worker whose prefix cache holds what came before."""
+    conversation: list[dict[str, Any]] = []
+    if body.instructions:
+        conversation.append({"role": "system", "content": body.instructions})
+    if body.previous_response_id is None:
+        return conversation, response_id
+    earlier = await fleet.responses.load(tenant.tenant, body.previous_response_id)
+    state = await fleet.store.state(body.previous_response_id, tenant.tenant)
+    replied = [m.model_dump(exclude_none=True) for m in reply_messages(state)]
+    return conversation + earlier["conversation"] + replied, earlier["thread"]
 
 
 @router.get("/{response_id}")
