@@ -8,7 +8,9 @@ only the names below and never chooses an implementation itself.
 from typing import TYPE_CHECKING
 
 from kernels.dispatch import (
+    DecoderChain,
     PackedLinear,
+    decoder_chain,
     dequantize,
     fused_experts,
     gelu_tanh_and_mul,
@@ -29,8 +31,10 @@ if TYPE_CHECKING:
     from kernels.native.quantized import PackedWeight
 
 __all__ = [
+    "DecoderChain",
     "PackedLinear",
     "PackedWeight",
+    "decoder_chain",
     "dequantize",
     "fused_experts",
     "gelu_tanh_and_mul",

@@ -21,6 +21,7 @@ from kernels.quantized_weight import QuantizedWeight
 from kernels.reference.experts import RunExpert
 
 if TYPE_CHECKING:
+    from kernels.chain_plan import ChainLayer, ChainShape
     from kernels.native.quantized import PackedWeight
 
 # A float weight re-laid out once: x, bias -> x @ weight.T + bias.
@@ -220,3 +221,22 @@ def packed_quantized_linear(
     """``quantized_linear`` over re-laid-out blocks; from ``matmul_from_rows`` rows the
     blocks are de-quantized a tile at a time and multiplied as floats."""
     return _native_quantized().packed_linear(x, weight, bias, matmul_from_rows)
+
+
+# The decoder's layers, then its final norm, in one call: (embedded rows, positions,
+# slot mapping, block tables, sequence lengths, query starts) -> normed hidden rows.
+DecoderChain = Callable[..., torch.Tensor]
+
+
+def decoder_chain(
+    shape: "ChainShape", layers: "list[ChainLayer]", final_norm: torch.Tensor
+) -> DecoderChain | None:
+    """The plan's layers as one native call (``kernels/native/decoder_chain.cpp``), where
+    the native CPU kernels run in float32 or bfloat16; None elsewhere."""
+    if final_norm.dtype not in (torch.float32, torch.bfloat16) or not _runs_native(
+        final_norm.device
+    ):
+        return None
+    from kernels.native.chain import DecoderChain as NativeChain
+
+    return NativeChain(shape, layers, final_norm)

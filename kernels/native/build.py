@@ -22,7 +22,13 @@ import torch  # loaded first: the library then links the libgomp torch already u
 HERE = Path(__file__).parent
 SOURCES = tuple(
     HERE / name
-    for name in ("paged_attention.cpp", "layer_ops.cpp", "linear.cpp", "quantized_linear.cpp")
+    for name in (
+        "paged_attention.cpp",
+        "layer_ops.cpp",
+        "linear.cpp",
+        "quantized_linear.cpp",
+        "decoder_chain.cpp",
+    )
 )
 HEADERS = (HERE / "dtypes.h",)
 # -ffast-math lets the compiler vectorise reductions and exp(). It is given only

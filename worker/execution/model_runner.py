@@ -170,6 +170,7 @@ class ModelRunner:
             if scaled:
                 attention.k_scale = torch.ones((), device=self.device)
                 attention.v_scale = torch.ones((), device=self.device)
+        self.model.bind_chain()
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> torch.Tensor:

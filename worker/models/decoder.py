@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from worker.models.attention import Attention
 from worker.models.attention_metadata import AttentionMetadata
+from worker.models.chain import ChainedDecoder, chained_decoder
 from worker.models.latent_attention import LatentAttention
 from worker.models.layers import MLP, Embedding, RMSNorm
 from worker.models.linear import BlockForms, Linear, choose_block_forms
@@ -103,6 +104,8 @@ class DecoderModel(nn.Module):
             DecoderLayer(config, traits, i, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # The layers as one native call for small steps (``bind_chain``), where it runs.
+        self.chained: ChainedDecoder | None = None
 
     def attentions(self) -> list[Attention | LatentAttention]:
         """Each decoder layer's attention, in order (``ModuleList`` items are untyped)."""
@@ -118,6 +121,8 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale != 1.0:
             hidden = hidden * self.embedding_scale
+        if self.chained is not None and input_ids.numel() < self.chained.below_rows:
+            return self.chained(hidden, positions, meta)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta, rope_tables)
@@ -187,6 +192,11 @@ class CausalLM(nn.Module):
         left = dense_bytes - forms["projections"].copies.bytes
         forms["output layer"] = choose_block_forms([output] if output else [], dtype, left)
         return forms
+
+    def bind_chain(self) -> None:
+        """Run small steps through the native decoder chain where this model is its
+        kind (``worker.models.chain``); called once the caches are bound."""
+        self.model.chained = chained_decoder(self)
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin tables; separate from __init__ since models are built on meta."""
