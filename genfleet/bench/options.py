@@ -1,4 +1,5 @@
 import argparse
+from pathlib import Path
 
 from genfleet.settings_flags import add_settings_arguments
 from worker.config import EngineConfig
@@ -140,6 +141,24 @@ def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rounds", type=int, default=2, help="--conversations: runs of each, alternating"
+    )
+    parser.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        help="batch-1 prefill and decode of the packaged GGUF against llama.cpp "
+        "(llama-cpp-python in --llama-cpp-venv), alternating, and genfleet's step split",
+    )
+    parser.add_argument(
+        "--llama-cpp-venv",
+        type=Path,
+        default=Path.home() / ".cache" / "genfleet" / "llama-cpp-venv",
+        help="--vs-llama-cpp: the venv that holds llama-cpp-python",
+    )
+    parser.add_argument(
+        "--install-llama-cpp",
+        action="store_true",
+        help="--vs-llama-cpp: first make that venv and build llama-cpp-python into it "
+        "(from source: about 8 minutes on 2 cores)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")
