@@ -142,6 +142,13 @@ def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds", type=int, default=2, help="--conversations: runs of each, alternating"
     )
+    _add_llama_cpp_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")
+
+
+def _add_llama_cpp_arguments(parser: argparse.ArgumentParser) -> None:
+    """Batch 1 against llama.cpp, which runs in a venv of its own."""
     parser.add_argument(
         "--vs-llama-cpp",
         action="store_true",
@@ -160,5 +167,3 @@ def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         help="--vs-llama-cpp: first make that venv and build llama-cpp-python into it "
         "(from source: about 8 minutes on 2 cores)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rate", type=float, default=None, help="poisson arrivals per second")

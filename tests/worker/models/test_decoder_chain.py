@@ -9,6 +9,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
+from genfleet.bench.step_split import step_split_table
+from kernels.chain_plan import CHAIN_PARTS
 from tests.conftest import build_model, build_tiny_model
 from tests.worker.models.families import FAMILY_MODELS
 from tests.worker.models.gguf_files import write_gguf
@@ -116,3 +118,20 @@ def test_the_torch_kernels_keep_the_loop(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GENFLEET_KERNELS", "torch")
     with LLM(_gguf(tmp_path, "llama-tied", {}, Q4_1)) as llm:
         assert llm.engine.runner.model.model.chained is None
+
+
+def test_the_step_split_profiles_both_ways_and_puts_the_engine_back(tmp_path) -> None:
+    """``genfleet bench --vs-llama-cpp``'s split: each part in both columns, and the
+    engine left with its chain and its own methods."""
+    with LLM(_gguf(tmp_path, "llama-tied", {}, Q4_1)) as llm:
+        engine = llm.engine
+        chained = engine.runner.model.model.chained
+        table = step_split_table(engine, list(range(3, 40)), 6)
+        assert engine.runner.model.model.chained is chained and chained.seconds is None
+        assert "execute" not in vars(engine.runner)
+        assert "compute_logits" not in vars(engine.runner.model)
+        parts, before, after = ([*column.cells] for column in table.columns)
+        assert parts[: len(CHAIN_PARTS)] == list(CHAIN_PARTS) and parts[-1] == "step"
+        assert float(before[-1]) > 0 and float(after[-1]) > 0  # ms per step
+        # Measured parts (the Python row before the step's is a difference of them).
+        assert all(float(cell) >= 0 for cell in before[:-2] + after[:-2])
