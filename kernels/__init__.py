@@ -7,6 +7,7 @@ only the names below and never chooses an implementation itself.
 
 from typing import TYPE_CHECKING
 
+from kernels.chain_plan import CHAIN_PARTS, ChainLayer, ChainProjection, ChainShape
 from kernels.dispatch import (
     DecoderChain,
     PackedLinear,
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from kernels.native.quantized import PackedWeight
 
 __all__ = [
+    "CHAIN_PARTS",
+    "ChainLayer",
+    "ChainProjection",
+    "ChainShape",
     "DecoderChain",
     "PackedLinear",
     "PackedWeight",

@@ -148,7 +148,14 @@ def _add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_llama_cpp_arguments(parser: argparse.ArgumentParser) -> None:
-    """Batch 1 against llama.cpp, which runs in a venv of its own."""
+    """Batch 1 against llama.cpp, which runs in a venv of its own; and against the
+    fp32 model's tokens."""
+    parser.add_argument(
+        "--agreement",
+        action="store_true",
+        help="greedy agreement with the fp32 model at batch 1: GGUF blocks (with and "
+        "without an fp8 KV cache, calculated scales or not) and bf16 safetensors",
+    )
     parser.add_argument(
         "--vs-llama-cpp",
         action="store_true",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from kernels.chain_plan import CHAIN_PARTS
+from kernels import CHAIN_PARTS
 from worker import LLMEngine, SamplingParams
 from worker.models.chain import ChainedDecoder
 

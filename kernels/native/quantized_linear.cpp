@@ -13,7 +13,8 @@
 // (AVX2 maddubs, or AVX-512 VNNI's dpbusd where present) and scaled once:
 //   sum_j w_j x_j = d_w d_x sum_j q_j p_j  (+ m d_x sum_j p_j for Q4_1; - 8 d_w d_x sum_j p_j for Q4_0)
 // The rounding of x is the only error beyond fp32's: at most max|x_block| / 254
-// per element.
+// per element; at most max|x_block| / 64516 where the packed kernel rounds x in
+// two parts (steps of few rows: ``kTwoPartRows``).
 //
 // Weights are also taken re-laid out (``pack_groups``), the same bytes in another
 // order: per group of 8 output rows and block, the 8 scales (and Q4_1's 8 mins),
@@ -90,24 +91,38 @@ inline float half_to_float(const uint8_t* bytes) {
 #endif
 }
 
+// One block of 32 values to 8 bits: q_j = round(v_j / d), d = max|v| / 127.
+inline void quantize_block(const float* values, ActivationBlock& block) {
+  float amax = 0.f;
+  for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(values[j]));
+  const float d = amax / 127.f;
+  const float inverse = d > 0.f ? 1.f / d : 0.f;
+  int32_t sum = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    block.q[j] = int8_t(std::lrint(values[j] * inverse));
+    sum += block.q[j];
+  }
+  block.d = d;
+  block.ds = d * float(sum);
+}
+
+// Each row of x as ``parts`` rows of blocks: the row rounded to 8 bits per block, and
+// with two parts, after it the first part's rounding error rounded the same way
+// (x ~ d1 q1 + d2 q2): a dot product over both rows, summed, is then off by at most
+// max|x_block| / 64516 per element (d2 <= d1 / 254) instead of max|x_block| / 254.
 template <typename T>
-void quantize_rows(const T* x, int64_t stride, int64_t rows, int64_t k, ActivationBlock* out) {
+void quantize_rows(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t parts,
+                   ActivationBlock* out) {
   const int64_t blocks = k / kBlock;
+  float values[kBlock];
   for (int64_t m = 0; m < rows; ++m)
     for (int64_t b = 0; b < blocks; ++b) {
-      const T* values = x + m * stride + b * kBlock;
-      float amax = 0.f;
-      for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(to_float(values[j])));
-      const float d = amax / 127.f;
-      const float inverse = d > 0.f ? 1.f / d : 0.f;
-      ActivationBlock& block = out[m * blocks + b];
-      int32_t sum = 0;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        block.q[j] = int8_t(std::lrint(to_float(values[j]) * inverse));
-        sum += block.q[j];
+      for (int64_t j = 0; j < kBlock; ++j) values[j] = to_float(x[m * stride + b * kBlock + j]);
+      for (int64_t part = 0; part < parts; ++part) {
+        ActivationBlock& block = out[(m * parts + part) * blocks + b];
+        quantize_block(values, block);
+        for (int64_t j = 0; j < kBlock; ++j) values[j] -= block.d * float(block.q[j]);
       }
-      block.d = d;
-      block.ds = d * float(sum);
     }
 }
 
@@ -220,7 +235,7 @@ void linear(const T* x, int64_t x_stride, int64_t rows, const uint8_t* weight, c
             int64_t n, int64_t k, T* y) {
   const int64_t blocks = k / kBlock;
   std::vector<ActivationBlock> quantized(size_t(rows * blocks));
-  quantize_rows(x, x_stride, rows, k, quantized.data());
+  quantize_rows(x, x_stride, rows, k, 1, quantized.data());
   const int64_t row_bytes = blocks * kBlockBytes<kType>;
   // Output features are split across threads: each streams its share of the weight once.
 #pragma omp parallel for schedule(static)
@@ -445,25 +460,35 @@ constexpr GroupDot<kType> kGroupDots[9] = {
     group_dot<kType, 4>, group_dot<kType, 5>, group_dot<kType, 6>, group_dot<kType, 7>,
     group_dot<kType, 8>};
 
+// Steps of at most this many rows quantize x in two parts (``quantize_rows``): there
+// the bus bounds the step, not the arithmetic, and both parts of every row still fit
+// one pass over the weight. Batch 1 then rounds x to about 16 bits, finer than bf16.
+constexpr int64_t kTwoPartRows = kMaxGroupRows / 2;
+
 template <int32_t kType, typename T>
 void packed_linear(const T* x, int64_t x_stride, int64_t rows, const uint8_t* packed,
                    const T* bias, int64_t n, int64_t k, T* y) {
   const int64_t blocks = k / kBlock;
-  std::vector<ActivationBlock> quantized(size_t(rows * blocks));
-  quantize_rows(x, x_stride, rows, k, quantized.data());
+  const int64_t parts = rows <= kTwoPartRows ? 2 : 1;
+  std::vector<ActivationBlock> quantized(size_t(rows * parts * blocks));
+  quantize_rows(x, x_stride, rows, k, parts, quantized.data());
   const int64_t groups = (n + kGroupRows - 1) / kGroupRows;
+  const int64_t rows_per_pass = kMaxGroupRows / parts;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* group = packed + g * blocks * kGroupBlockBytes<kType>;
     const int64_t outputs = std::min(kGroupRows, n - g * kGroupRows);
     float sums[kMaxGroupRows][kGroupRows];
-    for (int64_t first = 0; first < rows; first += kMaxGroupRows) {
-      const int64_t count = std::min<int64_t>(kMaxGroupRows, rows - first);
-      kGroupDots<kType>[count](group, quantized.data() + first * blocks, blocks, sums);
+    for (int64_t first = 0; first < rows; first += rows_per_pass) {
+      const int64_t count = std::min<int64_t>(rows_per_pass, rows - first);
+      kGroupDots<kType>[count * parts](group, quantized.data() + first * parts * blocks, blocks,
+                                       sums);
       for (int64_t m = 0; m < count; ++m)
         for (int64_t r = 0; r < outputs; ++r) {
           const int64_t out = g * kGroupRows + r;
-          store(sums[m][r] + (bias ? to_float(bias[out]) : 0.f), y + (first + m) * n + out);
+          float sum = bias ? to_float(bias[out]) : 0.f;
+          for (int64_t part = 0; part < parts; ++part) sum += sums[m * parts + part][r];
+          store(sum, y + (first + m) * n + out);
         }
     }
   }

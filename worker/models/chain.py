@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels import DecoderChain, decoder_chain
-from kernels.chain_plan import ChainLayer, ChainProjection, ChainShape
+from kernels import ChainLayer, ChainProjection, ChainShape, DecoderChain, decoder_chain
 from worker.models.attention import Attention
 from worker.models.attention_metadata import AttentionMetadata
-from worker.models.layers import MLP
+from worker.models.layers import MLP, RMSNorm
 from worker.models.linear import Linear
 
 if TYPE_CHECKING:
-    from worker.models.decoder import CausalLM, DecoderLayer
+    from torch import nn
+
+    from worker.models.sharding import TensorParallel
+    from worker.models.traits import Traits
 
 
 @dataclass
@@ -38,10 +40,9 @@ class ChainedDecoder:
                         meta.seq_lens, meta.query_start_loc, self.seconds)  # fmt: skip
 
 
-def _why_not(model: "CausalLM") -> str | None:
-    """Why the chain cannot run ``model`` (None: it can)."""
-    traits = model.traits
-    if model.tp.size > 1:
+def _why_not(traits: "Traits", tp: "TensorParallel") -> str | None:
+    """Why the chain cannot run a model of ``traits`` (None: it may, layers permitting)."""
+    if tp.size > 1:
         return "tensor parallel"
     if traits.norms != "pre" or traits.qk_norm != "none" or traits.residual_scale != 1.0:
         return "norms or scales the chain does not apply"
@@ -49,12 +50,6 @@ def _why_not(model: "CausalLM") -> str | None:
         return "latent attention or experts"
     if traits.activation != "silu":
         return "an MLP activation other than SiLU"
-    dtype = model.model.norm.weight.dtype
-    for attention in model.model.attentions():
-        if not isinstance(attention, Attention) or attention.k_scale is not None:
-            return "scaled fp8 cache"
-        if attention.key_cache.dtype != dtype:
-            return "a cache in another dtype"
     return None
 
 
@@ -64,41 +59,59 @@ def _projection(linear: Linear) -> ChainProjection | None:
     return ChainProjection(linear.blocks, linear.bias)
 
 
+def _layer_plan(
+    layer: "nn.Module", dtype: torch.dtype, rope_tables: dict[str, torch.Tensor]
+) -> tuple[ChainLayer, list[Linear]] | None:
+    """One decoder layer's plan and projections; None where the chain cannot run it
+    (float weights, a scaled fp8 cache or one in another dtype)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    assert isinstance(attention, Attention) and isinstance(mlp, MLP)
+    if attention.k_scale is not None or attention.key_cache.dtype != dtype:
+        return None
+    four = [attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    projections = [_projection(linear) for linear in four]
+    if any(p is None for p in projections):
+        return None
+    qkv, o, gate_up, down = projections
+    assert qkv and o and gate_up and down
+    before_attention, before_mlp = layer.input_layernorm, layer.post_attention_layernorm
+    assert isinstance(before_attention, RMSNorm) and isinstance(before_mlp, RMSNorm)
+    rope = attention.rope
+    plan = ChainLayer(
+        before_attention.weight, before_mlp.weight, qkv, o, gate_up, down, attention.key_cache,
+        attention.value_cache, None if rope is None else rope_tables[rope],
+        attention.sliding_window,
+    )  # fmt: skip
+    return plan, four
+
+
 def _below_rows(linears: list[Linear]) -> int:
     """Rows from which some projection would leave its blocks' integer kernel."""
     return min(min(linear.tiles_from, linear.dense_from) for linear in linears)
 
 
-def chained_decoder(model: "CausalLM") -> ChainedDecoder | None:
-    """The chain over ``model``'s layers and bound caches, or None where it cannot run."""
-    if _why_not(model) is not None:
+def chained_decoder(
+    layers: "nn.ModuleList", norm: RMSNorm, traits: "Traits", tp: "TensorParallel",
+    rope_tables: dict[str, torch.Tensor], hidden_size: int,
+) -> ChainedDecoder | None:  # fmt: skip
+    """The chain over a decoder's ``layers`` (caches bound) and final ``norm``, or None
+    where it cannot run them."""
+    if _why_not(traits, tp) is not None:
         return None
-    layers: list[ChainLayer] = []
+    plans: list[ChainLayer] = []
     linears: list[Linear] = []
-    for layer in model.model.layers:
-        decoder_layer: DecoderLayer = layer  # type: ignore[assignment]
-        attention, mlp = decoder_layer.self_attn, decoder_layer.mlp
-        assert isinstance(attention, Attention) and isinstance(mlp, MLP)
-        four = [attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj]
-        projections = [_projection(linear) for linear in four]
-        if any(p is None for p in projections):
+    for layer in layers:
+        planned = _layer_plan(layer, norm.weight.dtype, rope_tables)
+        if planned is None:
             return None
-        qkv, o, gate_up, down = projections
-        assert qkv and o and gate_up and down
-        linears += four
-        rope = attention.rope
-        layer_plan = ChainLayer(
-            decoder_layer.input_layernorm.weight, decoder_layer.post_attention_layernorm.weight,
-            qkv, o, gate_up, down, attention.key_cache, attention.value_cache,
-            None if rope is None else model.rope_tables[rope], attention.sliding_window,
-        )  # fmt: skip
-        layers.append(layer_plan)
-    first: Attention = model.model.attentions()[0]  # type: ignore[assignment]
+        plans.append(planned[0])
+        linears += planned[1]
+    first = layers[0].self_attn
+    assert isinstance(first, Attention)
     shape = ChainShape(
-        hidden=model.config.hidden_size, num_heads=first.num_heads,
-        num_kv_heads=first.num_kv_heads, head_size=first.head_dim,
-        eps=model.model.norm.eps, scale=first.scale, logit_softcap=first.logit_softcap,
-        is_neox=first.is_neox,
+        hidden=hidden_size, num_heads=first.num_heads, num_kv_heads=first.num_kv_heads,
+        head_size=first.head_dim, eps=norm.eps, scale=first.scale,
+        logit_softcap=first.logit_softcap, is_neox=first.is_neox,
     )  # fmt: skip
-    run = decoder_chain(shape, layers, model.model.norm.weight.detach())
+    run = decoder_chain(shape, plans, norm.weight.detach())
     return None if run is None else ChainedDecoder(run, _below_rows(linears))

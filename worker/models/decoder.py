@@ -196,7 +196,11 @@ class CausalLM(nn.Module):
     def bind_chain(self) -> None:
         """Run small steps through the native decoder chain where this model is its
         kind (``worker.models.chain``); called once the caches are bound."""
-        self.model.chained = chained_decoder(self)
+        decoder = self.model
+        self.model.chained = chained_decoder(
+            decoder.layers, decoder.norm, self.traits, self.tp, self.rope_tables,
+            self.config.hidden_size,
+        )  # fmt: skip
 
     def init_rope_cache(self, max_positions: int, device: torch.device) -> None:
         """Build the cos/sin tables; separate from __init__ since models are built on meta."""

@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from genfleet.bench.step_split import step_split_table
-from kernels.chain_plan import CHAIN_PARTS
+from kernels import CHAIN_PARTS
 from tests.conftest import build_model, build_tiny_model
 from tests.worker.models.families import FAMILY_MODELS
 from tests.worker.models.gguf_files import write_gguf
