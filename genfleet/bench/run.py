@@ -116,13 +116,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
         flags = worker_flags(_worker_settings(args, folder))
         return run_conversations(folder, args.model, flags, args.seed, args.rounds, console)
     if args.agreement or args.vs_llama_cpp:  # batch 1: the fp32 model's tokens, llama.cpp
-        from genfleet.bench.agreement import run_agreement
-        from genfleet.bench.vs_llama_cpp import run_vs_llama_cpp
+        from genfleet.bench import agreement, vs_llama_cpp
 
         if args.agreement:
-            return run_agreement(args.model, tokenizer, console)
-        return run_vs_llama_cpp(args.model, tokenizer, args.llama_cpp_venv,
-                                args.install_llama_cpp, console)  # fmt: skip
+            return agreement.run_agreement(args.model, tokenizer, console)
+        venv, install = args.llama_cpp_venv, args.install_llama_cpp
+        return vs_llama_cpp.run_vs_llama_cpp(args.model, tokenizer, venv, install, console)
     if args.weights:
         from genfleet.bench.weights import run_weights
 
