@@ -91,7 +91,42 @@ inline float half_to_float(const uint8_t* bytes) {
 #endif
 }
 
-// One block of 32 values to 8 bits: q_j = round(v_j / d), d = max|v| / 127.
+// One block of 32 values to 8 bits: q_j = round(v_j / d), d = max|v| / 127
+// (rounding to nearest even, as lrint and cvtps do by default).
+#ifdef __AVX2__
+inline void quantize_block(const float* values, ActivationBlock& block) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(values + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+  top = _mm_max_ss(top, _mm_movehdup_ps(top));
+  const float d = _mm_cvtss_f32(top) / 127.f;
+  const __m256 inverse = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  __m256i q[4];
+  __m256i sum = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+    sum = _mm256_add_epi32(sum, q[i]);
+  }
+  // Packing works within 128-bit lanes: 4-byte runs come out as q0 q1 q2 q3 (first
+  // halves), then the second halves; the permutation puts them in element order.
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(block.q),
+                      _mm256_permutevar8x32_epi32(bytes, order));
+  __m128i total = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  total = _mm_hadd_epi32(total, total);
+  total = _mm_hadd_epi32(total, total);
+  block.d = d;
+  block.ds = d * float(_mm_cvtsi128_si32(total));
+}
+#else
 inline void quantize_block(const float* values, ActivationBlock& block) {
   float amax = 0.f;
   for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(values[j]));
@@ -105,6 +140,7 @@ inline void quantize_block(const float* values, ActivationBlock& block) {
   block.d = d;
   block.ds = d * float(sum);
 }
+#endif
 
 // Each row of x as ``parts`` rows of blocks: the row rounded to 8 bits per block, and
 // with two parts, after it the first part's rounding error rounded the same way
