@@ -395,6 +395,31 @@ inline __m256i dot_accumulate(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+// Per row of a group (int32 lane), its 32 4-bit weights (``low``, ``high``: chunks of
+// nibbles) times one x block's 32 bytes (``quads``: 4 at a time).
+inline __m256i q4_block_products(const __m256i low[4], const __m256i high[4],
+                                 const int32_t quads[8]) {
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+  __m256i products = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    products = dot_accumulate(products, low[c], _mm256_set1_epi32(quads[c]));
+    products = dot_accumulate(products, high[c], _mm256_set1_epi32(quads[c + 4]));
+  }
+  return products;
+#else
+  // Without VNNI, products come in int16 pairs; 4-bit weights keep the sum of all 8
+  // chunks' pairs within int16 (8 * 2 * 15 * 127 = 30480), so they are added as int16
+  // and widened once instead of once a chunk.
+  __m256i pairs = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low[c], _mm256_set1_epi32(quads[c])));
+    pairs = _mm256_add_epi16(pairs,
+                             _mm256_maddubs_epi16(high[c], _mm256_set1_epi32(quads[c + 4])));
+  }
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
 // sums[m][r] = row r of the group . x[m], for kRows rows of x.
 template <int32_t kType, int kRows>
 void group_dot(const uint8_t* group, const ActivationBlock* x, int64_t blocks,
@@ -441,11 +466,7 @@ void group_dot(const uint8_t* group, const ActivationBlock* x, int64_t blocks,
       const ActivationBlock& xb = x[m * blocks + b];
       int32_t quads[8];
       std::memcpy(quads, xb.q, sizeof quads);
-      __m256i products = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        products = dot_accumulate(products, low[c], _mm256_set1_epi32(quads[c]));
-        products = dot_accumulate(products, high[c], _mm256_set1_epi32(quads[c + 4]));
-      }
+      const __m256i products = q4_block_products(low, high, quads);
       const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xb.d));
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[m]);
       offsets[m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(xb.ds), offsets[m]);
