@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from kernels.native.quantized import PackedWeight
 
 # What a step's time is split into where it asks for a profile (in this order); the
-# attention's part holds rotary and the cache write.
+# attention's part holds q/k norms, rotary and the cache write.
 CHAIN_PARTS = ("norms", "projections", "attention", "activation")
 
 
@@ -36,6 +36,9 @@ class ChainLayer:
     value_cache: torch.Tensor
     cos_sin: torch.Tensor | None
     sliding_window: int
+    # Per-head RMSNorm weights of q and k before rotary (Qwen3); None: none.
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass

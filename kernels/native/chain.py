@@ -19,7 +19,7 @@ class _Linear(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [
-        ("input_norm", _P), ("post_attention_norm", _P),
+        ("input_norm", _P), ("post_attention_norm", _P), ("q_norm", _P), ("k_norm", _P),
         ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
         ("key_cache", _P), ("value_cache", _P), ("cos_sin", _P), ("rotary_dim", _I),
         ("sliding_window", _I),
@@ -87,6 +87,7 @@ class DecoderChain:
         self._keep += [] if table is None else [table]
         return _Layer(
             self._tensor(layer.input_norm), self._tensor(layer.post_attention_norm),
+            self._tensor(layer.q_norm), self._tensor(layer.k_norm),
             self._linear(layer.qkv), self._linear(layer.o), self._linear(layer.gate_up),
             self._linear(layer.down), layer.key_cache.data_ptr(), layer.value_cache.data_ptr(),
             None if table is None else table.data_ptr(), 0 if table is None else table.shape[-1],

@@ -7,7 +7,7 @@
 // same order over buffers allocated once per call, calling the library's own entry
 // points (the ones Python calls, so the numbers are the same to the bit):
 //   residual = hidden (layer 0), normed = norm(hidden [+ residual])
-//   qkv = qkv_proj(normed); rotary on q and k; k, v into the cache
+//   qkv = qkv_proj(normed); q and k normed per head (Qwen3), rotated; k, v into the cache
 //   attended = paged attention; hidden = o_proj(attended)
 //   normed, residual = norm(hidden + residual)
 //   hidden = down_proj(silu(gate) * up), gate and up from gate_up_proj(normed)
@@ -64,6 +64,8 @@ struct ChainLinear {
 struct ChainLayer {
   const void* input_norm;
   const void* post_attention_norm;
+  const void* q_norm;  // per head, before rotary (Qwen3); nullptr: none
+  const void* k_norm;
   ChainLinear qkv, o, gate_up, down;
   void* key_cache;  // [blocks, block_size, kv heads, head size]
   void* value_cache;
@@ -139,7 +141,8 @@ void norm(const ChainModel& model, const ChainStep& step, const void* weight, co
   });
 }
 
-// Rotary on q and k (in place, in the qkv rows), k and v into the cache, attention.
+// q/k norms and rotary on q and k (in place, in the qkv rows), k and v into the
+// cache, attention.
 template <typename T>
 void attend(const ChainModel& model, const ChainLayer& layer, const ChainStep& step, int64_t rows,
             T* qkv, T* attended) {
@@ -152,6 +155,15 @@ void attend(const ChainModel& model, const ChainLayer& layer, const ChainStep& s
   T* key_cache = static_cast<T*>(layer.key_cache);
   T* value_cache = static_cast<T*>(layer.value_cache);
   timed(step, kAttention, [&] {
+    if (layer.q_norm)  // in place, a token's heads as rows of head_size
+      for (int64_t t = 0; t < rows; ++t) {
+        Ops<T>::norm(q + t * width, model.head_size, nullptr, 0,
+                     static_cast<const T*>(layer.q_norm), model.num_heads, model.head_size,
+                     model.eps, q + t * width, nullptr);
+        Ops<T>::norm(k + t * width, model.head_size, nullptr, 0,
+                     static_cast<const T*>(layer.k_norm), model.num_kv_heads, model.head_size,
+                     model.eps, k + t * width, nullptr);
+      }
     if (layer.cos_sin)
       Ops<T>::rotary(step.positions, rows, q, width, model.num_heads, k, width,
                      model.num_kv_heads, layer.cos_sin, layer.rotary_dim, model.head_size,

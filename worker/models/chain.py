@@ -44,7 +44,7 @@ def _why_not(traits: "Traits", tp: "TensorParallel") -> str | None:
     """Why the chain cannot run a model of ``traits`` (None: it may, layers permitting)."""
     if tp.size > 1:
         return "tensor parallel"
-    if traits.norms != "pre" or traits.qk_norm != "none" or traits.residual_scale != 1.0:
+    if traits.norms != "pre" or traits.qk_norm == "whole" or traits.residual_scale != 1.0:
         return "norms or scales the chain does not apply"
     if traits.latent is not None or traits.moe is not None:
         return "latent attention or experts"
@@ -80,9 +80,16 @@ def _layer_plan(
     plan = ChainLayer(
         before_attention.weight, before_mlp.weight, qkv, o, gate_up, down, attention.key_cache,
         attention.value_cache, None if rope is None else rope_tables[rope],
-        attention.sliding_window,
+        attention.sliding_window, *_qk_norms(attention),
     )  # fmt: skip
     return plan, four
+
+
+def _qk_norms(attention: Attention) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The per-head q and k norms' weights, where the layer has them."""
+    if attention.qk_norm == "none":
+        return None, None
+    return attention.q_norm.weight, attention.k_norm.weight
 
 
 def _below_rows(linears: list[Linear]) -> int:

@@ -1,7 +1,7 @@
 """The native decoder chain (``worker.models.chain``): the layer loop's kernels in one
 call. It must give the loop's hidden states to the bit, for every step shape and
-each thing a plain pre-norm model may have (biases, windows, layers without rotary,
-either dtype), and leave the models it cannot run to the loop."""
+each thing a pre-norm model may have (biases, windows, layers without rotary, q/k
+norms per head, either dtype), and leave the models it cannot run to the loop."""
 
 import shutil
 
@@ -24,6 +24,7 @@ CASES = {
     "qwen2-bias-q4_0-bf16": ("qwen2-bias", {}, Q4_0, "bfloat16"),
     "qwen2-window-q8_0-fp32": ("qwen2-window", {"sliding_window": 8}, Q8_0, "float32"),
     "smollm3-rope-less-q8_0-fp32": ("smollm3", {}, Q8_0, "float32"),
+    "qwen3-qk-norms-q4_0-fp32": ("qwen3", {}, Q4_0, "float32"),
 }
 
 
@@ -64,6 +65,8 @@ def test_the_chain_gives_the_layer_loop_s_hidden_states_to_the_bit(tmp_path, nam
             assert {attention.sliding_window for attention in attentions} == {0, 8}
         if "rope-less" in name:
             assert {attention.rope for attention in attentions} == {None, "default"}
+        if "qk-norms" in name:
+            assert all(attention.qk_norm == "head" for attention in attentions)
         for queries in _steps():
             inputs = runner.buffers.fill_queries(queries)
             outputs = []
@@ -98,8 +101,8 @@ def test_steps_of_many_rows_go_through_the_loop(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("why", "kind", "ggml_type"),
     [
-        ("q and k norms", "qwen3", Q8_0),
         ("sandwich norms and GeLU", "gemma2", Q8_0),
+        ("post norms and q/k norms over the whole projection", "olmo2", Q8_0),
         ("experts", "mixtral", Q8_0),
         ("float weights", "llama-untied", None),
     ],
