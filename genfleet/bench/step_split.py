@@ -72,8 +72,7 @@ def step_split_table(engine: LLMEngine, prompt: list[int], tokens: int) -> Table
     """The split through the chain and through the loop (prompts distinct from each other)."""
     chained = engine.runner.model.model.chained
     if chained is None:
-        table = Table(title="step split: this model runs the layer loop only")
-        return table
+        return Table(title="step split: this model runs the layer loop only")
     chain, chain_steps = _decode_profile(engine, prompt, tokens, chained)
     loop, loop_steps = _decode_profile(engine, prompt[1:], tokens, None)
     engine.runner.model.model.chained = chained

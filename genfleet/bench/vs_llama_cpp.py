@@ -14,7 +14,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -22,12 +21,12 @@ from rich.table import Table
 from transformers import PreTrainedTokenizerBase
 
 from genfleet.bench.step_split import step_split_table
-from worker import EngineConfig, LLMEngine, SamplingParams
+from genfleet.bench.weights import DECODE_TOKENS, Timing, batch1_timing
+from worker import EngineConfig, LLMEngine
 from worker.model_fetch import fetch_model, packaged_gguf
 
 LLAMA_CPP_VERSION = "0.3.36"
 PROMPT_TOKENS = 198
-DECODE_TOKENS = 128
 ROUNDS = 3
 # CPU features that decide which kernels either engine runs.
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
@@ -35,12 +34,6 @@ TEXT = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the "
     "one hundred and twelve steps as his father had, and his grandfather before him. "
 )
-
-
-@dataclass
-class Timing:
-    prefill_tok_s: float
-    decode_tok_s: float
 
 
 def cpu_features() -> str:
@@ -100,19 +93,6 @@ class LlamaCpp:
         self.process.wait(timeout=60)
 
 
-def genfleet_run(engine: LLMEngine, prompt: list[int], request_id: str) -> Timing:
-    params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
-    engine.add_request(request_id, prompt, params)
-    began = time.perf_counter()
-    first = None
-    while engine.has_unfinished_requests():
-        if engine.step() and first is None:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    assert first is not None
-    return Timing(len(prompt) / (first - began), (DECODE_TOKENS - 1) / (end - first))
-
-
 def _prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     """A warm-up prompt, then one per round: windows of one text that share no first block."""
     ids = tokenizer.encode(TEXT * 12)
@@ -146,14 +126,14 @@ def run_vs_llama_cpp(
     llama = LlamaCpp(venv, gguf, threads)
     engine = LLMEngine(EngineConfig(model=str(gguf), seed=0))
     warm_up, *prompts = _prompts(tokenizer)
-    genfleet_run(engine, warm_up, "warm-up")
+    batch1_timing(engine, warm_up, "warm-up")
     llama.run(warm_up)
     times: dict[str, list[Timing]] = {"genfleet": [], "llama.cpp": []}
     for round_, prompt in enumerate(prompts):
         order = ["genfleet", "llama.cpp"] if round_ % 2 == 0 else ["llama.cpp", "genfleet"]
         for label in order:
             console.print(f"[dim]round {round_ + 1}: {label}[/dim]")
-            run = genfleet_run(engine, prompt, f"r{round_}") if label == "genfleet" else None
+            run = batch1_timing(engine, prompt, f"r{round_}") if label == "genfleet" else None
             times[label].append(run or llama.run(prompt))
     llama.close()
     console.print(_table(times, cpu_features()))

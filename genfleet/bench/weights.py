@@ -9,6 +9,7 @@ on chat prompts: the share of each reply's tokens before its first difference.
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -46,15 +47,28 @@ def _forms(name: str) -> dict[str, tuple[Path, str]]:
     }
 
 
-def decode_tokens_per_s(engine: LLMEngine, prompt: list[int]) -> float:
+@dataclass
+class Timing:
+    prefill_tok_s: float  # the prompt over the time to the first token
+    decode_tok_s: float  # the other tokens over the rest
+
+
+def batch1_timing(engine: LLMEngine, prompt: list[int], request_id: str = "decode") -> Timing:
+    """One request of DECODE_TOKENS greedy tokens, alone in the engine."""
     params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
-    engine.add_request("decode", prompt, params)
+    engine.add_request(request_id, prompt, params)
+    began = time.perf_counter()
     first = None
     while engine.has_unfinished_requests():
         if engine.step() and first is None:
             first = time.perf_counter()  # the prefill step's token: decoding starts here
+    end = time.perf_counter()
     assert first is not None
-    return (DECODE_TOKENS - 1) / (time.perf_counter() - first)
+    return Timing(len(prompt) / (first - began), (DECODE_TOKENS - 1) / (end - first))
+
+
+def decode_tokens_per_s(engine: LLMEngine, prompt: list[int]) -> float:
+    return batch1_timing(engine, prompt).decode_tok_s
 
 
 def greedy_replies(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:

@@ -61,7 +61,6 @@ class DecoderChain:
             block_size, int(shape.is_neox), shape.eps,
             shape.scale, shape.logit_softcap, self._layers, final_norm.data_ptr(),
         )  # fmt: skip
-        self.hidden = shape.hidden
 
     def _tensor(self, tensor: torch.Tensor | None) -> int | None:
         if tensor is None:

@@ -8,6 +8,7 @@ would run on its blocks' integer kernel (fewer than ``ChainedDecoder.below_rows`
 and the loop serves the rest (long prefills, large batches) and every other model.
 """
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
     from worker.models.sharding import TensorParallel
     from worker.models.traits import Traits
+
+log = logging.getLogger("genfleet.engine")
 
 
 @dataclass
@@ -103,7 +106,9 @@ def chained_decoder(
 ) -> ChainedDecoder | None:  # fmt: skip
     """The chain over a decoder's ``layers`` (caches bound) and final ``norm``, or None
     where it cannot run them."""
-    if _why_not(traits, tp) is not None:
+    reason = _why_not(traits, tp)
+    if reason is not None:
+        log.info("small steps run the layer loop, not the native decoder chain: %s", reason)
         return None
     plans: list[ChainLayer] = []
     linears: list[Linear] = []

@@ -197,7 +197,7 @@ class CausalLM(nn.Module):
         """Run small steps through the native decoder chain where this model is its
         kind (``worker.models.chain``); called once the caches are bound."""
         decoder = self.model
-        self.model.chained = chained_decoder(
+        decoder.chained = chained_decoder(
             decoder.layers, decoder.norm, self.traits, self.tp, self.rope_tables,
             self.config.hidden_size,
         )  # fmt: skip
